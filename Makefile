@@ -1,0 +1,75 @@
+# One entry point for people and CI. `make demo` and `make test` install what they need
+# first: uv (from PyPI), the Python environment (uv.lock), the Maven Central jars.
+SHELL := /bin/bash
+UV_VERSION := 0.13.8
+UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
+PY := .venv/bin/python
+SETTLE := .venv/bin/settle
+MVN := mvn -s jvm/settings.xml -q -B
+# uv must never fetch a Python build from outside the package registries.
+export UV_PYTHON_DOWNLOADS := never
+export GX_ANALYTICS_ENABLED := false
+export SPARK_LOCAL_IP := 127.0.0.1
+# The test suite runs its own services on other ports and state, never the dev ones.
+TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
+	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432
+
+.PHONY: help setup env jars up down status migrate test test-down lint demo bench clean
+
+help:
+	@echo "make demo   - the main job end to end on embedded services"
+	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
+	@echo "make up | down | status | migrate | lint | bench | clean"
+
+setup: env jars
+
+$(CURDIR)/.tools/bin/uv:
+	python3 -m venv .tools
+	.tools/bin/pip install -q uv==$(UV_VERSION)
+
+env: .venv/.synced
+.venv/.synced: pyproject.toml uv.lock | $(UV)
+	$(UV) sync --frozen --compile-bytecode --python 3.11
+	@touch $@
+
+jars: .cache/jars/kafka/.done .cache/jars/spark/.done
+.cache/jars/kafka/.done: jvm/kafka/pom.xml jvm/settings.xml
+	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@echo "fetching the Kafka broker jars from Maven Central..."
+	rm -rf .cache/jars/kafka
+	$(MVN) -f jvm/kafka/pom.xml package
+	@touch $@
+.cache/jars/spark/.done: jvm/spark/pom.xml jvm/settings.xml
+	@echo "fetching the Spark Kafka connector and PostgreSQL JDBC driver from Maven Central..."
+	rm -rf .cache/jars/spark
+	$(MVN) -f jvm/spark/pom.xml package
+	@touch $@
+
+up: setup
+	$(SETTLE) services up
+	$(SETTLE) db migrate
+down:
+	-$(SETTLE) services down
+status:
+	$(SETTLE) services status
+migrate: env
+	$(SETTLE) db migrate
+
+lint: env
+	$(UV) run --frozen ruff check settlement consumers dags tests benchmarks
+
+test: setup
+	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+
+# Stop the test suite's services (the suite stops them itself; this is the safety net).
+test-down:
+	-@[ -x $(SETTLE) ] && $(TEST_ENV) $(SETTLE) services down --json >/dev/null 2>&1 || true
+
+demo: setup
+	$(SETTLE) demo
+
+bench: setup
+	$(PY) benchmarks/ingest.py
+
+clean: down
+	rm -rf .state reports jvm/*/target

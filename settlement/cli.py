@@ -1,0 +1,196 @@
+"""The ``settle`` command line.
+
+Every command accepts ``--json``: the last line on stdout is then one JSON object. Human
+output goes to stderr through rich so that stdout stays machine-readable. Exit codes: 0
+success, 1 failure (the message says why), 2 bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from settlement.config import ConfigError, Settings, check_date, load_settings
+
+Handler = Callable[[argparse.Namespace, Settings], dict[str, Any]]
+
+
+class CommandFailed(RuntimeError):
+    """The command ran but its outcome is a failure (e.g. validation); exit 1 with JSON."""
+
+    def __init__(self, message: str, result: dict[str, Any]):
+        super().__init__(message)
+        self.result = result
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _date(value: str) -> str:
+    try:
+        return check_date(value)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--date: ")) from None
+
+
+def _rate(value: str) -> float:
+    try:
+        r = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {value!r}")
+    if not 0 <= r <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {value}")
+    return r
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
+    return n
+
+
+# -- handlers ----------------------------------------------------------------------------
+def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement import services
+
+    if args.action == "up":
+        _console().print("[bold]starting embedded services[/] (PostgreSQL, Kafka KRaft)...")
+        return services.up(s, brokers=args.brokers)
+    if args.action == "down":
+        return services.down(s)
+    return services.status(s)
+
+
+def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.db import migrate_all
+
+    return {"databases": migrate_all(s)}
+
+
+def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.gateway import SimulationSpec, simulate
+
+    spec = SimulationSpec(
+        trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
+        bad_rate=args.bad_rate, abort_rate=args.abort_rate,
+    )
+    return simulate(s, spec, progress=not args.json and sys.stderr.isatty())
+
+
+def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from consumers.site import SiteOptions, run_site
+
+    opts = SiteOptions(site=args.site, scheme=args.scheme, until_close=args.until_close,
+                       trade_date=args.date, max_seconds=args.max_seconds)
+    return run_site(s, opts)
+
+
+COMMANDS: dict[str, Handler] = {
+    "services": cmd_services,
+    "db": cmd_db,
+    "simulate": cmd_simulate,
+    "site": cmd_site,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="settle",
+        description="Dual-site failover settlement: Kafka -> PostgreSQL -> PySpark netting.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--json", action="store_true", help="print one JSON object last")
+        return sp
+
+    sp = add("services", "run the embedded PostgreSQL and Kafka on loopback")
+    sp.add_argument("action", choices=["up", "down", "status"])
+    sp.add_argument("--brokers", type=int, choices=[1, 3], default=None,
+                    help="Kafka cluster size (default SETTLE_KAFKA_BROKERS or 1)")
+
+    sp = add("db", "database schema")
+    sp.add_argument("action", choices=["migrate"])
+
+    sp = add("simulate", "publish one trading day to the trades topic")
+    sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")
+    sp.add_argument("--trades", type=_positive, default=10_000)
+    sp.add_argument("--seed", type=_non_negative, default=1)
+    sp.add_argument("--dup-rate", type=_rate, default=0.0,
+                    help="fraction of trades replayed by a non-idempotent upstream")
+    sp.add_argument("--bad-rate", type=_rate, default=0.0,
+                    help="malformed messages per trade")
+    sp.add_argument("--abort-rate", type=_rate, default=0.0,
+                    help="fraction of transactions aborted (then re-sent)")
+
+    sp = add("site", "run one consumer site")
+    sp.add_argument("action", choices=["run"])
+    sp.add_argument("--site", choices=["a", "b"], required=True)
+    sp.add_argument("--scheme", choices=["separate", "shared"], required=True)
+    sp.add_argument("--until-close", action="store_true",
+                    help="exit once every partition's close marker for the day is ingested")
+    sp.add_argument("--date", type=_date, default=None,
+                    help="the day --until-close waits for (default: newest day in the ledger)")
+    sp.add_argument("--max-seconds", type=float, default=None,
+                    help="stop after this long even if the day is not closed")
+    return p
+
+
+def _print_human(result: dict[str, Any]) -> None:
+    from rich.pretty import Pretty
+
+    _console().print(Pretty(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    want_json = getattr(args, "json", False)
+    try:
+        settings = load_settings()
+        result = COMMANDS[args.command](args, settings)
+        code = 0
+    except ConfigError as e:
+        result, code = {"ok": False, "error": str(e)}, 2
+    except CommandFailed as e:
+        result, code = {"ok": False, "error": str(e), **e.result}, 1
+    except KeyboardInterrupt:
+        result, code = {"ok": False, "error": "interrupted"}, 130
+    except Exception as e:  # noqa: BLE001 - the CLI's last line of defence: say what failed
+        from settlement.errors import describe
+
+        result, code = {"ok": False, "error": describe(e)}, 1
+    else:
+        result = {"ok": True, **result}
+    if code != 0:
+        print(f"settle {args.command}: error: {result['error']}", file=sys.stderr)
+    if want_json:
+        print(json.dumps(result, default=str), flush=True)
+    elif code == 0:
+        _print_human(result)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

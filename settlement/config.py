@@ -1,0 +1,186 @@
+"""Configuration: environment variables prefixed ``SETTLE_`` with embedded defaults.
+
+Leaving ``SETTLE_KAFKA_BOOTSTRAP`` / ``SETTLE_PG_DSN`` / ``SETTLE_LEDGER_*_DSN`` unset means
+"use the embedded services that ``settle services up`` runs on loopback"; setting them
+points every command at external services instead.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+_HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+Site = Literal["a", "b"]
+Scheme = Literal["separate", "shared"]
+LEDGERS = ("a", "b", "shared")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the variable and the fix."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SETTLE_", extra="ignore")
+
+    state_dir: Path = Field(REPO_ROOT / ".state", description="embedded services' data and logs")
+    jars_dir: Path = Field(REPO_ROOT / ".cache" / "jars", description="Maven-resolved jars")
+    reports_dir: Path = Field(REPO_ROOT / "reports", description="audit reports")
+
+    # Kafka. Unset bootstrap = the embedded KRaft cluster on loopback.
+    kafka_bootstrap: str | None = None
+    kafka_port: int = Field(19092, ge=1024, le=65000)
+    kafka_controller_port: int = Field(19192, ge=1024, le=65000)
+    kafka_brokers: int = Field(1, description="embedded cluster size: 1 or 3")
+    kafka_heap: str = "768m"
+    topic: str = "trades"
+    partitions: int = Field(6, ge=1, le=1000)
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = None
+    kafka_ssl_ca_location: str | None = None
+
+    # PostgreSQL. Unset DSNs = databases on the embedded server.
+    pg_port: int = Field(15432, ge=1024, le=65000)
+    pg_dsn: str | None = None
+    ledger_a_dsn: str | None = None
+    ledger_b_dsn: str | None = None
+    ledger_shared_dsn: str | None = None
+
+    # Consumer sites.
+    batch_size: int = Field(20_000, ge=1, le=1_000_000)
+    max_message_bytes: int = Field(16_384, ge=256)
+    session_timeout_ms: int = Field(6_000, ge=1_000, le=300_000)
+    heartbeat_interval_ms: int = Field(1_000, ge=100, le=60_000)
+
+    # Spark.
+    spark_master: str = "local[2]"
+    spark_driver_memory: str = "2g"
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        hosts = [h.strip() for h in v.split(",")]
+        bad = [h for h in hosts if not _HOSTPORT.match(h)]
+        if bad:
+            raise ValueError(f"expected host:port[,host:port...], got {bad[0]!r}")
+        return ",".join(hosts)
+
+    @field_validator("pg_dsn", "ledger_a_dsn", "ledger_b_dsn", "ledger_shared_dsn")
+    @classmethod
+    def _dsn(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        if not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError(
+                f"expected a URL like postgresql://user:pass@host:5432/dbname, got {v!r}"
+            )
+        return v
+
+    @field_validator("kafka_brokers")
+    @classmethod
+    def _brokers(cls, v: int) -> int:
+        if v not in (1, 3):
+            raise ValueError(f"expected 1 or 3, got {v}")
+        return v
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def embedded_kafka(self) -> bool:
+        return self.kafka_bootstrap is None
+
+    def bootstrap(self, brokers: int | None = None) -> str:
+        if self.kafka_bootstrap:
+            return self.kafka_bootstrap
+        n = brokers or self.kafka_brokers
+        return ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(n))
+
+    def embedded_dsn(self, dbname: str) -> str:
+        return f"postgresql://settle@127.0.0.1:{self.pg_port}/{dbname}"
+
+    @property
+    def settlement_dsn(self) -> str:
+        return self.pg_dsn or self.embedded_dsn("settlement")
+
+    def ledger_dsn(self, ledger: str) -> str:
+        if ledger not in LEDGERS:
+            raise ConfigError(f"unknown ledger {ledger!r}: expected one of {', '.join(LEDGERS)}")
+        explicit = getattr(self, f"ledger_{ledger}_dsn")
+        return explicit or self.embedded_dsn(f"ledger_{ledger}")
+
+    def ledger_dsns(self) -> dict[str, str]:
+        return {name: self.ledger_dsn(name) for name in LEDGERS}
+
+    def all_dsns(self) -> dict[str, str]:
+        return {"settlement": self.settlement_dsn, **self.ledger_dsns()}
+
+    def site_ledger(self, site: str, scheme: str) -> str:
+        """Which ledger a site writes: its own in the separate scheme, the shared one else."""
+        return site if scheme == "separate" else "shared"
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """Connection and security settings shared by producers, consumers and admin."""
+        conf: dict[str, str] = {
+            "bootstrap.servers": self.bootstrap(),
+            "security.protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_security_protocol.startswith("SASL"):
+            if not (self.kafka_sasl_username and self.kafka_sasl_password):
+                raise ConfigError(
+                    "SETTLE_KAFKA_SECURITY_PROTOCOL is "
+                    f"{self.kafka_security_protocol}: set SETTLE_KAFKA_SASL_USERNAME and "
+                    "SETTLE_KAFKA_SASL_PASSWORD"
+                )
+            conf["sasl.mechanism"] = self.kafka_sasl_mechanism
+            conf["sasl.username"] = self.kafka_sasl_username
+            conf["sasl.password"] = self.kafka_sasl_password
+        if self.kafka_ssl_ca_location:
+            conf["ssl.ca.location"] = self.kafka_ssl_ca_location
+        return conf
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else "?"
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"SETTLE_{field.upper()}: {msg} (got {e.get('input')!r})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment; a bad value raises ConfigError naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return load_settings()
+
+
+def check_date(value: str) -> str:
+    """Validate a business date argument (YYYY-MM-DD, a real calendar day)."""
+    import datetime as dt
+
+    if not _DATE.match(value):
+        raise ConfigError(f"--date: expected YYYY-MM-DD, got {value!r}")
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError as e:
+        raise ConfigError(f"--date: {value!r} is not a calendar date ({e})") from None
+    return value

@@ -1,0 +1,145 @@
+"""PostgreSQL access: connections, named SQL blocks, forward-only migrations."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from settlement.config import REPO_ROOT, Settings
+
+SQL_DIR = REPO_ROOT / "sql"
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
+_MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
+# Serialises concurrent migrators on one database (two sites starting at once).
+_LOCK_KEY = 7_201_301
+
+
+class DatabaseError(RuntimeError):
+    """A database could not be reached or migrated; the message says which and why."""
+
+
+def connect(dsn: str, *, autocommit: bool = False, timeout: int = 10) -> psycopg.Connection:
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=timeout)
+    except psycopg.OperationalError as e:
+        raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
+
+
+def redact(dsn: str) -> str:
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+
+
+@cache
+def queries(name: str) -> dict[str, str]:
+    """Named blocks of ``sql/queries/<name>.sql`` (``-- name: foo`` starts a block)."""
+    text = (SQL_DIR / "queries" / f"{name}.sql").read_text()
+    parts = _NAME.split(text)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def q(module: str, name: str) -> str:
+    return queries(module)[name]
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+    @property
+    def sql(self) -> str:
+        return self.path.read_text()
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def migrations() -> list[Migration]:
+    found = []
+    for p in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        m = _MIGRATION.match(p.name)
+        if not m:
+            raise DatabaseError(f"{p}: migration files are named NNNN_description.sql")
+        found.append(Migration(int(m.group(1)), m.group(2), p))
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise DatabaseError(f"migrations must be numbered 1..N without gaps, found {versions}")
+    return found
+
+
+def migrate_database(dsn: str) -> list[str]:
+    """Apply pending migrations to one database; returns the names applied."""
+    applied: list[str] = []
+    with connect(dsn) as conn:
+        conn.execute("select pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            conn.execute(
+                "create table if not exists schema_migrations ("
+                " version integer primary key, name text not null, checksum text not null,"
+                " applied_at timestamptz not null default now())"
+            )
+            conn.commit()
+            done = {
+                v: c for v, c in conn.execute("select version, checksum from schema_migrations")
+            }
+            for m in migrations():
+                if m.version in done:
+                    if done[m.version] != m.checksum:
+                        raise DatabaseError(
+                            f"{redact(dsn)}: migration {m.path.name} was edited after it was "
+                            "applied; migrations are forward-only, add a new numbered file"
+                        )
+                    continue
+                with conn.transaction():
+                    conn.execute(m.sql)  # type: ignore[arg-type]
+                    conn.execute(
+                        "insert into schema_migrations (version, name, checksum)"
+                        " values (%s, %s, %s)",
+                        (m.version, m.name, m.checksum),
+                    )
+                applied.append(m.path.name)
+        finally:
+            conn.execute("select pg_advisory_unlock(%s)", (_LOCK_KEY,))
+            conn.commit()
+    return applied
+
+
+def ensure_database(dsn: str) -> bool:
+    """Create the DSN's database if the server lacks it (needs CREATEDB); True if created."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    dbname = info.get("dbname")
+    if not dbname:
+        return False
+    try:
+        psycopg.connect(dsn, connect_timeout=10).close()
+        return False
+    except psycopg.OperationalError as e:
+        if "does not exist" not in str(e):
+            raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
+    maint = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    with connect(maint, autocommit=True) as conn:
+        conn.execute(f'create database "{dbname}"')  # type: ignore[arg-type]
+    return True
+
+
+def migrate_all(settings: Settings) -> dict[str, Any]:
+    """`settle db migrate`: every database this deployment uses, each once."""
+    result: dict[str, Any] = {}
+    seen: set[str] = set()
+    for role, dsn in settings.all_dsns().items():
+        if dsn in seen:
+            result[role] = "same database as another role"
+            continue
+        seen.add(dsn)
+        created = ensure_database(dsn)
+        result[role] = {"created": created, "applied": migrate_database(dsn)}
+    return result

@@ -1,0 +1,61 @@
+"""Embedded services: PostgreSQL and a KRaft Kafka cluster on loopback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from settlement.config import Settings
+from settlement.services.kafka import EmbeddedKafka
+from settlement.services.postgres import EmbeddedPostgres
+from settlement.services.procs import ServiceError
+
+__all__ = ["ServiceError", "up", "down", "status"]
+
+
+def _endpoints(settings: Settings, brokers: int) -> dict[str, Any]:
+    return {
+        "kafka_bootstrap": settings.bootstrap(brokers),
+        "postgres_dsn": settings.settlement_dsn,
+        "ledger_dsns": settings.ledger_dsns(),
+    }
+
+
+def up(settings: Settings, brokers: int | None = None) -> dict[str, Any]:
+    """Start whatever embedded service is not already running; idempotent."""
+    from settlement.kafka_admin import ensure_topic
+
+    n = brokers or settings.kafka_brokers
+    result: dict[str, Any] = {}
+    if settings.pg_dsn is None:
+        result["postgres"] = EmbeddedPostgres(settings).start()
+    else:
+        result["postgres"] = "external"
+    if settings.embedded_kafka:
+        result["kafka"] = EmbeddedKafka(settings).start(n)
+    else:
+        result["kafka"] = "external"
+    result["topic"] = ensure_topic(settings, brokers=n)
+    return {**result, "brokers": n, **_endpoints(settings, n)}
+
+
+def down(settings: Settings) -> dict[str, Any]:
+    """Stop only what `up` started (pid files under the state directory)."""
+    kafka = EmbeddedKafka(settings).stop()
+    pg = EmbeddedPostgres(settings).stop()
+    return {"kafka": "stopped" if kafka else "not running",
+            "postgres": "stopped" if pg else "not running"}
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    kafka = EmbeddedKafka(settings)
+    nodes = kafka.nodes()
+    running = [node.node_id for node in nodes if node.running()]
+    pg = EmbeddedPostgres(settings)
+    return {
+        "postgres": "running" if pg.running() else "stopped",
+        "kafka": "running" if running and len(running) == len(nodes) else
+                 ("degraded" if running else "stopped"),
+        "kafka_nodes_running": running,
+        "brokers": len(nodes),
+        **_endpoints(settings, len(nodes)),
+    }

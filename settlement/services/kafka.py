@@ -1,0 +1,238 @@
+"""Embedded Apache Kafka (KRaft) on loopback, from Maven Central jars.
+
+`make jars` resolves ``org.apache.kafka:kafka_2.13`` and its runtime dependencies into
+``.cache/jars/kafka`` (see jvm/kafka/pom.xml). What ``kafka-storage.sh format`` and
+``kafka-server-start.sh`` do is reproduced here with plain ``java -cp``. Each node runs as
+combined broker+controller; three nodes form a static controller quorum.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from settlement.config import Settings
+from settlement.services.procs import (
+    PidFile,
+    ServiceError,
+    ensure_port_free,
+    port_open,
+    spawn,
+    terminate,
+    wait_until,
+)
+
+LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = INFO
+"""
+
+
+def java_bin() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise ServiceError(
+            "Java is not installed: Kafka and Spark need a JDK 17 "
+            "(Debian: apt-get install openjdk-17-jdk-headless)"
+        )
+    return java
+
+
+def kafka_classpath(settings: Settings) -> str:
+    jars = settings.jars_dir / "kafka"
+    if not any(jars.glob("kafka_2.13-*.jar")):
+        raise ServiceError(f"Kafka jars are missing in {jars}: run `make jars` (Maven Central)")
+    return f"{jars}/*"
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    settings: Settings
+    node_id: int  # 1-based
+    cluster_size: int
+
+    @property
+    def root(self) -> Path:
+        return self.settings.state_dir / "kafka" / f"node-{self.node_id}"
+
+    @property
+    def port(self) -> int:
+        return self.settings.kafka_port + self.node_id - 1
+
+    @property
+    def controller_port(self) -> int:
+        return self.settings.kafka_controller_port + self.node_id - 1
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "broker.log"
+
+    @property
+    def pidfile(self) -> PidFile:
+        return PidFile(self.root / "broker.pid.json")
+
+    def properties(self) -> str:
+        n = self.cluster_size
+        s = self.settings
+        voters = ",".join(
+            f"{i}@127.0.0.1:{s.kafka_controller_port + i - 1}" for i in range(1, n + 1)
+        )
+        rf = min(3, n)
+        isr = min(2, n)
+        return "\n".join(
+            [
+                "process.roles=broker,controller",
+                f"node.id={self.node_id}",
+                f"controller.quorum.voters={voters}",
+                f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
+                f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                f"log.dirs={self.root / 'data'}",
+                f"num.partitions={s.partitions}",
+                f"default.replication.factor={rf}",
+                f"min.insync.replicas={isr}",
+                f"offsets.topic.replication.factor={rf}",
+                f"transaction.state.log.replication.factor={rf}",
+                f"transaction.state.log.min.isr={isr}",
+                "unclean.leader.election.enable=false",
+                "auto.create.topics.enable=false",
+                # Sites join at different moments; rebalance at once instead of waiting 3s.
+                "group.initial.rebalance.delay.ms=0",
+                # Failover drills tune the session timeout down to a few seconds.
+                "group.min.session.timeout.ms=1000",
+                "log.retention.hours=168",
+                "",
+            ]
+        )
+
+    def running(self) -> bool:
+        return self.pidfile.alive_pid() is not None and port_open(self.port)
+
+    def format_storage(self, cluster_id: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(self.properties())
+        (self.root / "log4j2.properties").write_text(LOG4J2)
+        if (self.root / "data" / "meta.properties").exists():
+            return
+        res = subprocess.run(
+            [java_bin(), "-cp", kafka_classpath(self.settings),
+             f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+             "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             "-c", str(self.config_path), "--ignore-formatted"],
+            capture_output=True, text=True,
+        )
+        if res.returncode != 0:
+            raise ServiceError(f"formatting Kafka storage failed: {res.stderr or res.stdout}")
+
+    def start(self) -> subprocess.Popen[bytes]:
+        ensure_port_free(self.port, "SETTLE_KAFKA_PORT")
+        ensure_port_free(self.controller_port, "SETTLE_KAFKA_CONTROLLER_PORT")
+        heap = self.settings.kafka_heap
+        argv = [
+            java_bin(), f"-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+            "-cp", kafka_classpath(self.settings), "kafka.Kafka", str(self.config_path),
+        ]
+        return spawn(argv, self.log, self.pidfile, marker=str(self.config_path))
+
+    def stop(self, kill: bool = False) -> bool:
+        import signal
+
+        return terminate(self.pidfile, timeout=30, sig=signal.SIGKILL if kill else signal.SIGTERM)
+
+
+@dataclass(frozen=True)
+class EmbeddedKafka:
+    settings: Settings
+
+    @property
+    def root(self) -> Path:
+        return self.settings.state_dir / "kafka"
+
+    def recorded_size(self) -> int | None:
+        f = self.root / "cluster.size"
+        return int(f.read_text()) if f.exists() else None
+
+    def nodes(self, size: int | None = None) -> list[KafkaNode]:
+        n = size or self.recorded_size() or self.settings.kafka_brokers
+        return [KafkaNode(self.settings, i, n) for i in range(1, n + 1)]
+
+    def running_nodes(self) -> list[KafkaNode]:
+        return [node for node in self.nodes() if node.running()]
+
+    def start(self, brokers: int) -> str:
+        recorded = self.recorded_size()
+        if recorded is not None and recorded != brokers:
+            if any(node.running() for node in self.nodes(recorded)):
+                raise ServiceError(
+                    f"a {recorded}-broker cluster is running; `settle services down` first to "
+                    f"start {brokers} broker(s)"
+                )
+            # A different topology needs a fresh cluster: quorum membership is on disk.
+            shutil.rmtree(self.root)
+        nodes = self.nodes(brokers)
+        if all(node.running() for node in nodes):
+            return "already running"
+        java_bin()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "cluster.size").write_text(str(brokers))
+        id_file = self.root / "cluster.id"
+        if not id_file.exists():
+            id_file.write_text(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))
+        cluster_id = id_file.read_text().strip()
+        procs = {}
+        for node in nodes:
+            if not node.running():
+                node.format_storage(cluster_id)
+                procs[node.node_id] = node.start()
+        try:
+            for node in nodes:
+                proc = procs.get(node.node_id)
+                wait_until(
+                    lambda node=node: port_open(node.port), 90, f"Kafka broker {node.node_id}",
+                    node.log, alive=(lambda p=proc: p.poll() is None) if proc else None,
+                )
+        except ServiceError:
+            for node in nodes:  # leave nothing half-started behind
+                node.stop(kill=True)
+            raise
+        wait_until(lambda: self._brokers_registered(brokers), 90, "Kafka cluster",
+                   nodes[0].log)
+        return "started"
+
+    def _brokers_registered(self, n: int) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            md = AdminClient(
+                {"bootstrap.servers": self.settings.bootstrap(n), "log_level": 0}
+            ).list_topics(timeout=2)
+        except Exception:
+            return False
+        return len(md.brokers) >= n
+
+    def stop(self) -> bool:
+        stopped = False
+        # Stop brokers before the controller majority goes away, else shutdown hangs.
+        for node in reversed(self.nodes()):
+            stopped = node.stop() or stopped
+        return stopped
