@@ -1,0 +1,302 @@
+"""A consumer site: Kafka ``trades`` -> its PostgreSQL ledger, exactly once.
+
+Scheme "separate" (seed 004, scheme 1): every site has its own consumer group and ledger
+and consumes everything. Scheme "shared" (scheme 2): both sites are one group writing one
+ledger; when a site dies the group rebalances and the survivor resumes from the offsets
+stored in the ledger -- not from Kafka's committed offsets, which is what made the seed's
+survivor re-read the whole topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from consumers.ledger import BEGINNING, Batch, Fenced, Ledger
+from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
+from settlement.config import Settings
+
+log = logging.getLogger("settle.site")
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    site: str
+    scheme: str
+    until_close: bool = False
+    trade_date: str | None = None
+    max_seconds: float | None = None
+
+
+def group_id(site: str, scheme: str) -> str:
+    return f"settlement-site-{site}" if scheme == "separate" else "settlement-shared"
+
+
+def consumer_config(settings: Settings, site: str, scheme: str) -> dict[str, Any]:
+    return {
+        **settings.kafka_client_config(),
+        "group.id": group_id(site, scheme),
+        "client.id": f"site-{site}",
+        # Never see trades of aborted or still-open transactions.
+        "isolation.level": "read_committed",
+        # Positions live in the ledger; Kafka's committed offsets are informational only.
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        # Fast failover in the shared scheme: a dead site is noticed after the session
+        # timeout (6 s by default here, Kafka's own default is 45 s), heartbeats every 1 s.
+        "session.timeout.ms": settings.session_timeout_ms,
+        "heartbeat.interval.ms": settings.heartbeat_interval_ms,
+        "partition.assignment.strategy": "roundrobin",
+        "fetch.wait.max.ms": 100,
+        "queued.max.messages.kbytes": 131_072,
+        "log_level": 3,
+    }
+
+
+class Site:
+    def __init__(self, settings: Settings, opts: SiteOptions):
+        from confluent_kafka import Consumer
+
+        self.settings, self.opts = settings, opts
+        self.topic = settings.topic
+        self.ledger = Ledger(
+            settings.ledger_dsn(settings.site_ledger(opts.site, opts.scheme)),
+            site=opts.site, scheme=opts.scheme, group=group_id(opts.site, opts.scheme),
+            topic=self.topic,
+        )
+        self.consumer = Consumer(consumer_config(settings, opts.site, opts.scheme))
+        # partition -> stored next offset we last read or wrote (the compare-and-set value)
+        self.expected: dict[int, int] = {}
+        self.needs_resync = False
+        self.stop = False
+        self.stats = {"messages": 0, "inserted": 0, "duplicates": 0, "dead_letters": 0,
+                      "close_markers": 0, "batches": 0, "fenced": 0, "db_errors": 0,
+                      "rebalances": 0}
+        self.partition_count = 0
+        self.failpoint = _failpoint()
+
+    # -- rebalance callbacks (run inside consume(), never during a batch) ---------------
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        from confluent_kafka import OFFSET_BEGINNING
+
+        self.stats["rebalances"] += 1
+        ids = [tp.partition for tp in partitions]
+        try:
+            stored = self.ledger.claim(ids)
+        except psycopg.Error as e:
+            log.warning("site %s: ledger unavailable during assignment (%s); paused",
+                        self.opts.site, e)
+            consumer.assign(partitions)
+            consumer.pause(partitions)
+            self.needs_resync = True
+            return
+        for tp in partitions:
+            off = stored.get(tp.partition, BEGINNING)
+            self.expected[tp.partition] = off
+            tp.offset = OFFSET_BEGINNING if off == BEGINNING else off
+        consumer.assign(partitions)
+        log.info("site %s assigned %s at %s", self.opts.site, ids,
+                 {p: self.expected[p] for p in ids})
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        for tp in partitions:
+            self.expected.pop(tp.partition, None)
+        log.info("site %s revoked %s", self.opts.site, [tp.partition for tp in partitions])
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from confluent_kafka import KafkaError
+
+        opts = self.opts
+        started = time.monotonic()
+        deadline = started + opts.max_seconds if opts.max_seconds else None
+        self.partition_count = self._partition_count()
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        last_beat = last_close_check = 0.0
+        closed, day = False, opts.trade_date
+        backoff = 0.5
+        try:
+            while not self.stop:
+                if deadline and time.monotonic() > deadline:
+                    break
+                if self.needs_resync and not self._resync():
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    self.consumer.consume(num_messages=1, timeout=0.1)  # serve callbacks
+                    continue
+                backoff = 0.5
+                msgs = self.consumer.consume(num_messages=self.settings.batch_size,
+                                             timeout=0.5)
+                batch = Batch()
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            log.warning("site %s: kafka: %s", opts.site, err)
+                        continue
+                    self._add(batch, m)
+                if batch.next_offsets:
+                    self._apply(batch)
+                now = time.monotonic()
+                if now - last_beat >= 1.0:
+                    last_beat = now
+                    self._heartbeat()
+                if opts.until_close and (now - last_close_check >= 1.0 or batch.close_markers):
+                    last_close_check = now
+                    closed, day = self._closed(day)
+                    if closed:
+                        break
+        finally:
+            try:
+                self.consumer.close()  # leave the group now: the other site takes over at once
+            finally:
+                self.ledger.close()
+        seconds = time.monotonic() - started
+        return {
+            "site": opts.site, "scheme": opts.scheme, "group": group_id(opts.site, opts.scheme),
+            "ledger": self.settings.site_ledger(opts.site, opts.scheme),
+            "trade_date": day, "closed": closed, **self.stats,
+            "seconds": round(seconds, 3),
+            "trades_per_second": round(self.stats["inserted"] / seconds) if seconds else 0,
+        }
+
+    def _add(self, batch: Batch, m: Any) -> None:
+        p, off = m.partition(), m.offset()
+        if p not in self.expected:
+            return  # from a partition we no longer own (a rebalance raced this poll)
+        batch.messages += 1
+        batch.next_offsets[p] = off + 1
+        raw = m.value()
+        try:
+            obj = decode(raw, self.settings.max_message_bytes)
+            kind = message_type(m.headers())
+            if kind == "close":
+                cm = close_marker(obj, p)
+                batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
+                                            "last_seq": cm.last_seq, "offset": off})
+            elif kind == "trade":
+                batch.copy_lines.append(trade_copy_line(obj, p, off, self.opts.site))
+            else:
+                raise Malformed(f"unknown message type header {kind!r}")
+        except Malformed as e:
+            batch.dead_letters.append({"partition": p, "offset": off, "raw": raw or b"",
+                                       "reason": str(e)})
+
+    def _apply(self, batch: Batch) -> None:
+        from confluent_kafka import TopicPartition
+
+        try:
+            res = self.ledger.write(batch, self.expected)
+        except Fenced as e:
+            # A successor advanced these partitions while we were stalled: drop the batch
+            # and continue from what the ledger says (if the partitions are still ours).
+            self.stats["fenced"] += 1
+            log.warning("site %s: fenced on %s; re-reading positions", self.opts.site, e.stored)
+            self.needs_resync = True
+            return
+        except psycopg.Error as e:
+            # The outcome of the commit is unknown; the ledger's offsets will tell.
+            self.stats["db_errors"] += 1
+            log.warning("site %s: ledger error, pausing: %s", self.opts.site, e)
+            self.ledger.close()
+            self._pause_all()
+            self.needs_resync = True
+            return
+        if self.failpoint == ("after_db_commit", self.stats["batches"] + 1):
+            os.kill(os.getpid(), signal.SIGKILL)  # crash between the ledger commit and the rest
+        for p, nxt in batch.next_offsets.items():
+            self.expected[p] = nxt
+        st = self.stats
+        st["batches"] += 1
+        st["messages"] += batch.messages
+        st["inserted"] += res.inserted
+        st["duplicates"] += res.duplicates
+        st["dead_letters"] += res.dead_letters
+        st["close_markers"] += res.close_markers
+        try:  # informational: lets Kafka tooling show the group's lag
+            self.consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in batch.next_offsets.items()],
+                asynchronous=True)
+        except Exception:  # noqa: BLE001 - Kafka's view of offsets is not authoritative
+            pass
+
+    def _pause_all(self) -> None:
+        assigned = self.consumer.assignment()
+        if assigned:
+            self.consumer.pause(assigned)
+
+    def _resync(self) -> bool:
+        """After a ledger error or fencing: seek every owned partition to the stored offset."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        assigned = self.consumer.assignment()
+        ids = [tp.partition for tp in assigned]
+        try:
+            stored = self.ledger.claim(ids) if ids else {}
+        except psycopg.Error as e:
+            self.stats["db_errors"] += 1
+            log.warning("site %s: ledger still unavailable: %s", self.opts.site, e)
+            self.ledger.close()
+            return False
+        self._pause_all()
+        for p in ids:
+            off = stored.get(p, BEGINNING)
+            self.expected[p] = off
+            self.consumer.seek(TopicPartition(
+                self.topic, p, OFFSET_BEGINNING if off == BEGINNING else off))
+        if assigned:
+            self.consumer.resume(assigned)
+        self.needs_resync = False
+        log.info("site %s: resynchronised at %s", self.opts.site, stored)
+        return True
+
+    def _heartbeat(self) -> None:
+        try:
+            self.ledger.heartbeat(sorted(self.expected), self.stats["inserted"])
+        except psycopg.Error:
+            self.ledger.close()  # the next batch notices and pauses; heartbeats just skip
+
+    def _closed(self, day: str | None) -> tuple[bool, str | None]:
+        try:
+            d, closed = self.ledger.day_closed(day, self.partition_count)
+        except psycopg.Error:
+            self.ledger.close()
+            return False, day
+        return closed, d
+
+    def _partition_count(self) -> int:
+        from settlement.gateway import topic_partitions
+
+        return topic_partitions(self.settings)
+
+
+def _failpoint() -> tuple[str, int] | None:
+    """Fault injection for crash tests: ``SETTLE_FAILPOINT=after_db_commit:N`` SIGKILLs the
+    site right after its N-th batch commits in the ledger, before anything else happens."""
+    spec = os.environ.get("SETTLE_FAILPOINT")
+    if not spec:
+        return None
+    name, _, n = spec.partition(":")
+    if name != "after_db_commit" or not n.isdigit():
+        raise ValueError(f"SETTLE_FAILPOINT: expected after_db_commit:N, got {spec!r}")
+    return name, int(n)
+
+
+def run_site(settings: Settings, opts: SiteOptions) -> dict[str, Any]:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    site = Site(settings, opts)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        site.stop = True  # finish the batch in hand, then leave the group and exit
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    return site.run()

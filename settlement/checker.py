@@ -1,0 +1,151 @@
+"""Independent reads of Kafka and the ledger, compared in Jepsen's vocabulary.
+
+``lost``: committed in Kafka, missing from the ledger. ``duplicated``: a trade id or a
+Kafka offset applied twice. ``unexpected``: in the ledger but not a committed message at
+that offset (e.g. read from an aborted transaction). Used by tests and failover drills.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
+from settlement.config import Settings
+from settlement.db import connect
+
+
+@dataclass
+class KafkaDay:
+    """Everything committed on the topic for one trade date."""
+
+    trade_date: str
+    # (partition, offset) -> trade_id of every valid committed trade of the date
+    trades: dict[tuple[int, int], str] = field(default_factory=dict)
+    malformed: set[tuple[int, int]] = field(default_factory=set)
+    close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
+
+    @property
+    def trade_ids(self) -> set[str]:
+        return set(self.trades.values())
+
+
+def read_kafka_day(settings: Settings, trade_date: str, timeout: float = 60) -> KafkaDay:
+    """Read the whole topic with read_committed and keep what belongs to ``trade_date``.
+
+    Malformed messages carry no reliable date, so every malformed message on the topic is
+    reported; the callers use a topic per day or compare only offsets they care about.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    c = Consumer({
+        **settings.kafka_client_config(),
+        "group.id": f"checker-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "log_level": 3,
+    })
+    day = KafkaDay(trade_date)
+    try:
+        md = c.list_topics(settings.topic, timeout=10)
+        parts = sorted(md.topics[settings.topic].partitions)
+        ends = {p: c.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=10)[1]
+                for p in parts}
+        c.assign([TopicPartition(settings.topic, p, OFFSET_BEGINNING) for p in parts])
+        done: set[int] = {p for p in parts if ends[p] == 0}
+        deadline = time.monotonic() + timeout
+        idle_since = time.monotonic()
+        while len(done) < len(parts) and time.monotonic() < deadline:
+            msgs = c.consume(num_messages=10_000, timeout=0.5)
+            if not msgs:
+                # The tail of a partition may be a transaction marker or aborted records,
+                # which read_committed never returns: quiet for a while means done.
+                if time.monotonic() - idle_since > 3:
+                    break
+                continue
+            idle_since = time.monotonic()
+            for m in msgs:
+                if m.error():
+                    continue
+                p, off = m.partition(), m.offset()
+                if off + 1 >= ends[p] - 1:
+                    done.add(p)
+                _classify(day, m, p, off, settings.max_message_bytes)
+    finally:
+        c.close()
+    return day
+
+
+def _classify(day: KafkaDay, m: Any, p: int, off: int, max_bytes: int) -> None:
+    try:
+        obj = decode(m.value(), max_bytes)
+        if message_type(m.headers()) == "close":
+            cm = close_marker(obj, p)
+            if cm.trade_date == day.trade_date:
+                day.close_markers[p] = cm.last_seq
+            return
+        trade_copy_line(obj, p, off, "checker")
+    except Malformed:
+        day.malformed.add((p, off))
+        return
+    if obj["trade_date"] == day.trade_date:
+        day.trades[(p, off)] = str(obj["trade_id"])
+
+
+@dataclass
+class LedgerCheck:
+    ledger_rows: int
+    lost: list[str]
+    duplicated: list[str]
+    unexpected: list[dict[str, Any]]
+    missing_dead_letters: list[tuple[int, int]]
+    dead_letters_without_reason: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.unexpected
+                    or self.missing_dead_letters or self.dead_letters_without_reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ledger_rows": self.ledger_rows,
+            "lost": len(self.lost), "duplicated": len(self.duplicated),
+            "unexpected": len(self.unexpected),
+            "missing_dead_letters": len(self.missing_dead_letters),
+            "examples": {"lost": self.lost[:5], "duplicated": self.duplicated[:5],
+                         "unexpected": self.unexpected[:5]},
+        }
+
+
+def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
+    with connect(dsn) as conn:
+        rows = conn.execute(
+            "select trade_id, kafka_partition, kafka_offset from trades where trade_date = %s",
+            (day.trade_date,),
+        ).fetchall()
+        dead = conn.execute(
+            "select kafka_partition, kafka_offset, reason from dead_letters where topic = %s",
+            (topic,),
+        ).fetchall()
+    by_id = Counter(r[0] for r in rows)
+    by_offset = Counter((r[1], r[2]) for r in rows)
+    duplicated = sorted({t for t, n in by_id.items() if n > 1}
+                        | {f"offset {p}:{o}" for (p, o), n in by_offset.items() if n > 1})
+    unexpected = [
+        {"trade_id": t, "partition": p, "offset": o}
+        for t, p, o in rows if day.trades.get((p, o)) != t
+    ]
+    lost = sorted(day.trade_ids - set(by_id))
+    dead_offsets = {(p, o) for p, o, _ in dead}
+    return LedgerCheck(
+        ledger_rows=len(rows),
+        lost=lost,
+        duplicated=duplicated,
+        unexpected=unexpected,
+        missing_dead_letters=sorted(day.malformed - dead_offsets),
+        dead_letters_without_reason=sum(1 for *_, r in dead if not r),
+    )

@@ -1,0 +1,368 @@
+"""Exchange gateway simulator: publishes one trading day to the ``trades`` topic.
+
+Deterministic from the seed. Trades go through an idempotent, transactional producer
+(acks=all); the exchange sequence number is contiguous per (trade date, partition) and each
+partition ends with a market-close marker carrying its last sequence number, so loss is
+detectable from Kafka alone. Faults an upstream can produce are injectable: replays through a
+second, non-idempotent producer, malformed messages, and aborted transactions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from settlement.config import Settings
+
+TRADE_HEADERS = [("type", b"trade")]
+CLOSE_HEADERS = [("type", b"close")]
+SESSION_OPEN = dt.time(13, 30)  # 09:30 New York, in UTC
+SESSION_SECONDS = 6.5 * 3600
+MALFORMED_KINDS = (
+    "invalid_json",
+    "invalid_utf8",
+    "missing_field",
+    "wrong_type",
+    "negative_quantity",
+    "buyer_equals_seller",
+    "unknown_date",
+    "oversized",
+)
+TICKERS = (
+    "AAPL MSFT NVDA AMZN GOOG META TSLA BRK JPM V UNH XOM JNJ WMT MA PG HD CVX MRK ABBV "
+    "KO PEP AVGO COST ADBE CRM BAC MCD TMO CSCO ACN ABT LIN DHR WFC NKE TXN PM ORCL AMD"
+).split()
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (the Java client's default partitioner), as a signed 32-bit int."""
+    m, r, mask = 0x5BD1E995, 24, 0xFFFFFFFF
+    length = len(data)
+    h = (0x9747B28C ^ length) & mask
+    n4 = length // 4
+    for i in range(n4):
+        k = int.from_bytes(data[i * 4 : i * 4 + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> r
+        k = (k * m) & mask
+        h = (h * m) & mask
+        h ^= k
+    rest = length & 3
+    if rest == 3:
+        h ^= data[n4 * 4 + 2] << 16
+    if rest >= 2:
+        h ^= data[n4 * 4 + 1] << 8
+    if rest >= 1:
+        h ^= data[n4 * 4]
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+@dataclass(frozen=True)
+class Trade:
+    trade_id: str
+    trade_date: str
+    seq: int
+    partition: int
+    symbol: str
+    price: Decimal
+    quantity: int
+    buyer: str
+    seller: str
+    executed_at: str
+
+    def value(self) -> bytes:
+        # Hand-built JSON: every field is plain ASCII, and this loop runs millions of times.
+        return (
+            f'{{"trade_id":"{self.trade_id}","trade_date":"{self.trade_date}",'
+            f'"seq":{self.seq},"symbol":"{self.symbol}","price":"{self.price}",'
+            f'"quantity":{self.quantity},"buyer":"{self.buyer}","seller":"{self.seller}",'
+            f'"executed_at":"{self.executed_at}"}}'
+        ).encode()
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    trade_date: str
+    trades: int
+    seed: int = 1
+    dup_rate: float = 0.0
+    bad_rate: float = 0.0
+    abort_rate: float = 0.0
+    txn_size: int = 2_000
+    accounts: int = 300
+    symbols: int = 40
+    rate: float | None = None  # trades/s pacing for drills; None = as fast as possible
+
+
+@dataclass
+class DayGenerator:
+    """The day's trades, deterministic from (seed, date), in execution order."""
+
+    spec: SimulationSpec
+    partitions: int
+    last_seq: dict[int, int] = field(default_factory=dict)
+
+    def trades(self) -> Iterator[Trade]:
+        spec = self.spec
+        rng = random.Random(f"trades:{spec.seed}:{spec.trade_date}")
+        syms = [TICKERS[i % len(TICKERS)] + ("" if i < len(TICKERS) else str(i // len(TICKERS)))
+                for i in range(spec.symbols)]
+        # Skewed volume: a few names trade most of the day (Zipf-like weights).
+        weights = [1.0 / (rank + 1) ** 1.1 for rank in range(len(syms))]
+        cum = _cumulative(weights)
+        price = {s: Decimal(rng.randint(500, 50_000)) / 100 for s in syms}
+        part = {s: partition_for(s.encode(), self.partitions) for s in syms}
+        accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
+        day = dt.date.fromisoformat(spec.trade_date)
+        start = dt.datetime.combine(day, SESSION_OPEN, tzinfo=dt.UTC)
+        step = SESSION_SECONDS / max(spec.trades, 1)
+        ymd = day.strftime("%Y%m%d")
+        seqs = dict.fromkeys(range(self.partitions), 0)
+        q4 = Decimal("0.0001")
+        for i in range(spec.trades):
+            sym = syms[_pick(cum, rng.random())]
+            # A bounded random walk keeps prices positive and realistic.
+            p = price[sym] * Decimal(1 + rng.gauss(0, 0.0005)).quantize(Decimal("0.000001"))
+            p = max(p, Decimal("0.01")).quantize(q4)
+            price[sym] = p
+            qty = rng.choice((rng.randint(1, 99), rng.randint(1, 10) * 100, rng.randint(1, 5) * 500))
+            buyer, seller = rng.sample(accounts, 2)
+            pnum = part[sym]
+            seqs[pnum] += 1
+            ts = start + dt.timedelta(seconds=i * step + rng.random() * step)
+            yield Trade(
+                trade_id=f"T{ymd}-{i + 1:09d}",
+                trade_date=spec.trade_date,
+                seq=seqs[pnum],
+                partition=pnum,
+                symbol=sym,
+                price=p,
+                quantity=qty,
+                buyer=buyer,
+                seller=seller,
+                executed_at=ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            )
+        self.last_seq = seqs
+
+
+def _cumulative(weights: list[float]) -> list[float]:
+    total, acc, out = sum(weights), 0.0, []
+    for w in weights:
+        acc += w / total
+        out.append(acc)
+    out[-1] = 1.0
+    return out
+
+
+def _pick(cum: list[float], u: float) -> int:
+    import bisect
+
+    return min(bisect.bisect_left(cum, u), len(cum) - 1)
+
+
+def malformed_message(kind: str, trade: Trade, rng: random.Random) -> bytes:
+    """A message an upstream bug could send; each kind fails a different check."""
+    good = json.loads(trade.value())
+    good["trade_id"] = f"BAD-{trade.trade_id}-{kind}"
+    if kind == "invalid_json":
+        return trade.value()[: rng.randint(5, 40)]
+    if kind == "invalid_utf8":
+        return b'{"trade_id": "\xff\xfe\xfa", "x": "\xc3\x28"}'
+    if kind == "missing_field":
+        del good[rng.choice(["price", "quantity", "buyer", "symbol", "seq"])]
+    elif kind == "wrong_type":
+        good["quantity"] = "many"
+    elif kind == "negative_quantity":
+        good["quantity"] = -abs(trade.quantity)
+    elif kind == "buyer_equals_seller":
+        good["seller"] = good["buyer"]
+    elif kind == "unknown_date":
+        good["trade_date"] = "2026-02-30"
+    elif kind == "oversized":
+        good["padding"] = "x" * 70_000
+    return json.dumps(good).encode()
+
+
+def producer_config(settings: Settings, transactional_id: str | None) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        **settings.kafka_client_config(),
+        "acks": "all",
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        "compression.type": "lz4",
+        "message.max.bytes": 1_000_000,
+        "queue.buffering.max.messages": 500_000,
+    }
+    if transactional_id:
+        # Idempotence: producer id + per-partition sequence numbers, so the broker drops
+        # retried duplicates; transactions make a batch of trades atomic across partitions
+        # and fence an older gateway instance with the same transactional.id (seed 002).
+        conf |= {
+            "enable.idempotence": True,
+            "transactional.id": transactional_id,
+            "max.in.flight.requests.per.connection": 5,
+            "retries": 2_147_483_647,
+            "transaction.timeout.ms": 60_000,
+        }
+    else:
+        # The "upstream replay" producer: no idempotence, so what it sends twice stays twice.
+        conf |= {"enable.idempotence": False}
+    return conf
+
+
+def topic_partitions(settings: Settings, timeout: float = 30) -> int:
+    from settlement.kafka_admin import admin_client
+
+    md = admin_client(settings).list_topics(topic=settings.topic, timeout=timeout)
+    t = md.topics.get(settings.topic)
+    if t is None or t.error is not None or not t.partitions:
+        raise RuntimeError(
+            f"topic {settings.topic!r} not found on {settings.bootstrap()}: "
+            "run `settle services up` (it creates the topic)"
+        )
+    return len(t.partitions)
+
+
+def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partition: int,
+             headers: list[tuple[str, bytes]]) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, partition=partition, headers=headers)
+            return
+        except BufferError:
+            producer.poll(0.05)  # local queue full: let deliveries drain
+
+
+def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
+             transactional_id: str = "exchange-gateway") -> dict[str, Any]:
+    from confluent_kafka import KafkaError, Producer
+
+    t0 = time.monotonic()
+    n_parts = topic_partitions(settings)
+    gen = DayGenerator(spec, n_parts)
+    rng = random.Random(f"faults:{spec.seed}:{spec.trade_date}")
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        # Aborting a transaction purges its undelivered messages: that is the point of it.
+        if err is not None and err.code() != KafkaError._PURGE_QUEUE:
+            errors.append(str(err))
+
+    tx = Producer({**producer_config(settings, transactional_id), "on_delivery": on_delivery})
+    replay = Producer(producer_config(settings, None)) if spec.dup_rate > 0 else None
+    tx.init_transactions(30)
+    topic = settings.topic
+    stats: Counter[str] = Counter()
+    malformed: Counter[str] = Counter()
+
+    bar = _progress(spec.trades) if progress else None
+    try:
+        chunk: list[Trade] = []
+        for trade in gen.trades():
+            chunk.append(trade)
+            if len(chunk) >= spec.txn_size:
+                _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed)
+                if bar:
+                    bar[0].update(bar[1], advance=len(chunk))
+                chunk = []
+                _pace(spec, t0, stats["trades"])
+        if chunk:
+            _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed)
+            if bar:
+                bar[0].update(bar[1], advance=len(chunk))
+        if replay is not None:
+            # Replays must be in the log before the close markers, like any trade of the day.
+            if replay.flush(60) != 0:
+                raise RuntimeError("upstream replay producer could not deliver within 60s")
+        tx.begin_transaction()
+        for p in range(n_parts):
+            marker = {"trade_date": spec.trade_date, "partition": p,
+                      "last_seq": gen.last_seq.get(p, 0)}
+            _produce(tx, topic, json.dumps(marker).encode(), None, p, CLOSE_HEADERS)
+        tx.commit_transaction(60)
+    finally:
+        if bar:
+            bar[0].stop()
+        tx.flush(30)
+    if errors:
+        raise RuntimeError(f"{len(errors)} messages failed delivery, first: {errors[0]}")
+    seconds = time.monotonic() - t0
+    return {
+        "trade_date": spec.trade_date,
+        "trades": stats["trades"],
+        "duplicates_injected": stats["duplicates"],
+        "malformed_injected": sum(malformed.values()),
+        "malformed_by_kind": dict(sorted(malformed.items())),
+        "aborted": stats["aborted_trades"],
+        "aborted_transactions": stats["aborted_transactions"],
+        "transactions": stats["transactions"] + 1,
+        "partitions": n_parts,
+        "last_seq": {str(p): gen.last_seq.get(p, 0) for p in range(n_parts)},
+        "seconds": round(seconds, 3),
+        "trades_per_second": round(stats["trades"] / seconds) if seconds else None,
+    }
+
+
+def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade], spec: SimulationSpec,
+                rng: random.Random, stats: Counter[str], malformed: Counter[str]) -> None:
+    if spec.abort_rate and rng.random() < spec.abort_rate:
+        # Never-committed trades: read_committed consumers must not see them. The same trades
+        # are then re-sent in a committed transaction, as a gateway retrying would.
+        tx.begin_transaction()
+        for t in chunk:
+            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+        # Deliver first: the aborted trades are then really in the log, and only the abort
+        # marker keeps them from read_committed consumers (also, purging in-flight messages
+        # of an idempotent producer can leave sequence gaps the broker rejects).
+        tx.flush(60)
+        tx.abort_transaction(60)
+        stats["aborted_trades"] += len(chunk)
+        stats["aborted_transactions"] += 1
+    tx.begin_transaction()
+    for t in chunk:
+        if spec.bad_rate and rng.random() < spec.bad_rate:
+            kind = rng.choice(MALFORMED_KINDS)
+            _produce(tx, topic, malformed_message(kind, t, rng), t.symbol.encode(), t.partition,
+                     TRADE_HEADERS)
+            malformed[kind] += 1
+        _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+    tx.commit_transaction(60)
+    stats["transactions"] += 1
+    stats["trades"] += len(chunk)
+    if replay is not None:
+        for t in chunk:
+            if rng.random() < spec.dup_rate:
+                _produce(replay, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+                stats["duplicates"] += 1
+        replay.poll(0)
+
+
+def _pace(spec: SimulationSpec, t0: float, sent: int) -> None:
+    if spec.rate:
+        ahead = sent / spec.rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _progress(total: int) -> tuple[Any, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    prog = Progress("[bold]publishing", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    transient=True)
+    prog.start()
+    return prog, prog.add_task("trades", total=total)

@@ -1,0 +1,70 @@
+-- Named statements of the consumer sites (consumers/ledger.py). %(name)s parameters.
+
+-- name: create_stage
+-- Per-connection staging table for COPY; emptied at every commit.
+create temp table if not exists trades_stage
+    (like trades including defaults excluding constraints)
+    on commit delete rows
+
+-- name: claim_partitions
+-- A partition without a stored position starts from the beginning (-1).
+insert into consumer_offsets (consumer_group, topic, kafka_partition, next_offset, site)
+select %(group)s, %(topic)s, p, -1, %(site)s from unnest(%(partitions)s::int[]) as p
+on conflict do nothing
+
+-- name: read_offsets
+select kafka_partition, next_offset from consumer_offsets
+where consumer_group = %(group)s and topic = %(topic)s
+  and kafka_partition = any(%(partitions)s::int[])
+
+-- name: lock_offsets
+-- Row locks serialise two sites that both believe they own a partition (a paused zombie
+-- and its successor); the caller compares what it reads with what it expects.
+select kafka_partition, next_offset from consumer_offsets
+where consumer_group = %(group)s and topic = %(topic)s
+  and kafka_partition = any(%(partitions)s::int[])
+order by kafka_partition
+for update
+
+-- name: store_offsets
+update consumer_offsets o
+set next_offset = v.next_offset, site = %(site)s, updated_at = now()
+from unnest(%(partitions)s::int[], %(next_offsets)s::bigint[]) as v (kafka_partition, next_offset)
+where o.consumer_group = %(group)s and o.topic = %(topic)s
+  and o.kafka_partition = v.kafka_partition
+
+-- name: insert_staged
+-- The lowest offset wins when a replay and the original land in one batch.
+insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
+                    quantity, buyer, seller, executed_at, site)
+select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
+       quantity, buyer, seller, executed_at, site
+from trades_stage
+order by kafka_partition, kafka_offset
+on conflict (trade_id) do nothing
+
+-- name: insert_dead_letter
+insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site)
+values (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s, %(site)s)
+on conflict do nothing
+
+-- name: insert_close_marker
+insert into close_markers (trade_date, kafka_partition, last_seq, kafka_offset, site)
+values (%(trade_date)s, %(partition)s, %(last_seq)s, %(offset)s, %(site)s)
+on conflict do nothing
+
+-- name: insert_batch
+insert into ingest_batches (site, messages, inserted, duplicates, dead_letters, close_markers,
+                            partitions, duration_ms)
+values (%(site)s, %(messages)s, %(inserted)s, %(duplicates)s, %(dead_letters)s,
+        %(close_markers)s, %(partitions)s, %(duration_ms)s)
+
+-- name: heartbeat
+insert into site_heartbeats (site, scheme, partitions, trades_total)
+values (%(site)s, %(scheme)s, %(partitions)s, %(trades_total)s)
+
+-- name: closed_partitions
+select count(*) from close_markers where trade_date = %(trade_date)s
+
+-- name: newest_day
+select greatest((select max(trade_date) from trades), (select max(trade_date) from close_markers))

@@ -1,0 +1,63 @@
+"""Running the real `settle` CLI in subprocesses, as operators and the drills do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTLE = [sys.executable, "-m", "settlement.cli"]
+
+
+def last_json(stdout: str) -> dict[str, Any]:
+    lines = [ln for ln in stdout.strip().splitlines() if ln.startswith("{")]
+    assert lines, f"no JSON line in output:\n{stdout[-2000:]}"
+    return json.loads(lines[-1])
+
+
+def settle(args: list[str], env: dict[str, str], timeout: float = 300,
+           check: bool = True) -> dict[str, Any]:
+    res = subprocess.run([*SETTLE, *args, "--json"], env=env, capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    if check:
+        assert res.returncode == 0, f"settle {args} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+    out = last_json(res.stdout)
+    out["_returncode"] = res.returncode
+    out["_stderr"] = res.stderr
+    return out
+
+
+def start_site(site: str, scheme: str, env: dict[str, str], date: str,
+               log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "a")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(
+        [*SETTLE, "site", "run", "--site", site, "--scheme", scheme, "--until-close",
+         "--date", date, "--max-seconds", "240", "--json"],
+        env={**env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+    )
+
+
+def wait_exit(proc: subprocess.Popen[str], log: Path, timeout: float = 240) -> dict[str, Any]:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"site did not finish in {timeout}s; log:\n{log.read_text()[-3000:]}")
+    text = log.read_text()
+    assert proc.returncode == 0, f"site exited {proc.returncode}; log:\n{text[-3000:]}"
+    return last_json(text)
+
+
+def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
