@@ -82,8 +82,10 @@ def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.db import migrate_all
+    from settlement.db import migrate_all, write_schema_file
 
+    if args.action == "schema":
+        return {"schema_file": write_schema_file(s)}
     return {"databases": migrate_all(s)}
 
 
@@ -131,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Kafka cluster size (default SETTLE_KAFKA_BROKERS or 1)")
 
     sp = add("db", "database schema")
-    sp.add_argument("action", choices=["migrate"])
+    sp.add_argument("action", choices=["migrate", "schema"],
+                    help="migrate: apply sql/migrations everywhere; schema: regenerate "
+                         "sql/schema.sql")
 
     sp = add("simulate", "publish one trading day to the trades topic")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")

@@ -1,0 +1,60 @@
+"""Configuration errors name the variable and what it expects."""
+
+from __future__ import annotations
+
+import pytest
+
+from settlement.config import ConfigError, check_date, load_settings
+
+
+def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("SETTLE_KAFKA_BOOTSTRAP", "SETTLE_PG_DSN", "SETTLE_LEDGER_A_DSN"):
+        monkeypatch.delenv(var, raising=False)
+    s = load_settings(kafka_port=19092, pg_port=15432)
+    assert s.embedded_kafka
+    assert s.bootstrap() == "127.0.0.1:19092"
+    assert s.bootstrap(3) == "127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094"
+    assert s.ledger_dsns()["shared"].endswith(":15432/ledger_shared")
+    assert s.site_ledger("a", "separate") == "a"
+    assert s.site_ledger("a", "shared") == "shared"
+
+
+def test_external_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SETTLE_KAFKA_BOOTSTRAP", "k1:9092, k2:9092")
+    monkeypatch.setenv("SETTLE_PG_DSN", "postgresql://u:p@db:5432/settlement")
+    monkeypatch.setenv("SETTLE_LEDGER_A_DSN", "postgresql://u:p@db-a:5432/ledger")
+    s = load_settings()
+    assert not s.embedded_kafka
+    assert s.bootstrap() == "k1:9092,k2:9092"
+    assert s.settlement_dsn == "postgresql://u:p@db:5432/settlement"
+    assert s.ledger_dsn("a") == "postgresql://u:p@db-a:5432/ledger"
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "message"),
+    [
+        ("SETTLE_KAFKA_BOOTSTRAP", "localhost", "SETTLE_KAFKA_BOOTSTRAP: expected host:port"),
+        ("SETTLE_PG_DSN", "mysql://x/y", "SETTLE_PG_DSN: expected a URL like postgresql://"),
+        ("SETTLE_LEDGER_B_DSN", "db-b", "SETTLE_LEDGER_B_DSN: expected a URL"),
+        ("SETTLE_KAFKA_BROKERS", "2", "SETTLE_KAFKA_BROKERS: expected 1 or 3"),
+        ("SETTLE_PG_PORT", "99", "SETTLE_PG_PORT"),
+        ("SETTLE_PARTITIONS", "many", "SETTLE_PARTITIONS"),
+    ],
+)
+def test_bad_values_name_the_setting(monkeypatch: pytest.MonkeyPatch, var: str, value: str,
+                                     message: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ConfigError, match=message):
+        load_settings()
+
+
+def test_sasl_needs_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SETTLE_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    with pytest.raises(ConfigError, match="SETTLE_KAFKA_SASL_USERNAME"):
+        load_settings().kafka_client_config()
+
+
+@pytest.mark.parametrize("bad", ["2026-1-1", "2026-02-30", "tomorrow"])
+def test_bad_dates(bad: str) -> None:
+    with pytest.raises(ConfigError, match="--date"):
+        check_date(bad)

@@ -1,0 +1,66 @@
+"""The simulated trading day: Kafka-compatible partitioning and a realistic, exact shape."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from decimal import Decimal
+
+import pytest
+
+from settlement.gateway import DayGenerator, SimulationSpec, murmur2, partition_for
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    # Vectors from Apache Kafka's UtilsTest: the Java client must put a symbol's trades on
+    # the same partition as we do.
+    [("21", -973932308), ("foobar", -790332482), ("a-little-bit-long-string", -985981536),
+     ("a-little-bit-longer-string", -1486304829),
+     ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971), ("abc", 479470107)],
+)
+def test_murmur2_matches_kafka(key: str, expected: int) -> None:
+    assert murmur2(key.encode()) == expected
+
+
+def _day(seed: int = 1, n: int = 5000) -> tuple[list, DayGenerator]:
+    gen = DayGenerator(SimulationSpec("2026-11-23", n, seed), 6)
+    return list(gen.trades()), gen
+
+
+def test_day_is_deterministic_from_the_seed() -> None:
+    a, _ = _day(7)
+    b, _ = _day(7)
+    c, _ = _day(8)
+    assert [t.value() for t in a] == [t.value() for t in b]
+    assert [t.value() for t in a] != [t.value() for t in c]
+
+
+def test_day_shape() -> None:
+    trades, gen = _day(3, 20000)
+    assert len({t.trade_id for t in trades}) == len(trades)
+    seqs: dict[int, list[int]] = defaultdict(list)
+    for t in trades:
+        seqs[t.partition].append(t.seq)
+        assert t.partition == partition_for(t.symbol.encode(), 6)
+        assert t.buyer != t.seller and t.quantity > 0 and t.price > 0
+        assert t.price == t.price.quantize(Decimal("0.0001"))
+    for p, s in seqs.items():
+        assert s == list(range(1, len(s) + 1)), f"partition {p} not contiguous"
+        assert gen.last_seq[p] == len(s)
+    volume = Counter(t.symbol for t in trades)
+    assert 30 <= len(volume) <= 40
+    top = volume.most_common(1)[0][1]
+    assert top > 8 * min(volume.values())  # skewed, like a real market
+    assert len({t.buyer for t in trades} | {t.seller for t in trades}) > 250
+    times = [t.executed_at for t in trades]
+    assert times == sorted(times)
+    assert times[0].startswith("2026-11-23T13:") and times[-1].startswith("2026-11-23T19:")
+
+
+def test_trade_value_is_the_contract_json() -> None:
+    trades, _ = _day(1, 1)
+    obj = json.loads(trades[0].value())
+    assert set(obj) == {"trade_id", "trade_date", "seq", "symbol", "price", "quantity",
+                        "buyer", "seller", "executed_at"}
+    assert isinstance(obj["price"], str) and Decimal(obj["price"]) > 0

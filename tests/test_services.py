@@ -1,0 +1,132 @@
+"""The embedded services are real: Kafka transactions, PostgreSQL migrations, clear errors."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import uuid
+
+import psycopg
+import pytest
+
+from settlement import services as svc
+from settlement.config import Settings, load_settings
+from settlement.db import SQL_DIR, connect, dump_schema, migrate_database, normalise_dump
+from settlement.services.postgres import pg_bin
+from settlement.services.procs import ServiceError
+from tests.conftest import Isolated
+
+pytestmark = pytest.mark.services
+
+
+def test_up_is_idempotent_and_status_reports(services: Settings) -> None:
+    again = svc.up(services)
+    assert again["postgres"] == "already running"
+    assert again["kafka"] == "already running"
+    assert again["topic"] == "exists"
+    st = svc.status(services)
+    assert st["postgres"] == "running" and st["kafka"] == "running"
+    assert set(st["ledger_dsns"]) == {"a", "b", "shared"}
+    assert st["kafka_bootstrap"] == services.bootstrap()
+
+
+def test_topic_has_the_configured_partitions(services: Settings) -> None:
+    from settlement.kafka_admin import admin_client
+
+    md = admin_client(services).list_topics(services.topic, timeout=10)
+    assert len(md.topics[services.topic].partitions) == services.partitions
+
+
+def test_taken_port_is_a_clear_error(tmp_path, services: Settings) -> None:  # noqa: ANN001
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        other = load_settings(state_dir=tmp_path, pg_port=port, kafka_port=port + 1)
+        with pytest.raises(ServiceError, match=f"port 127.0.0.1:{port} is already taken.*"
+                                               "SETTLE_PG_PORT"):
+            svc.up(other)
+
+
+def test_transactions_round_trip_and_aborts_stay_invisible(isolated: Isolated) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    s = isolated.settings
+    p = Producer({**s.kafka_client_config(), "transactional.id": f"t-{uuid.uuid4()}",
+                  "enable.idempotence": True, "acks": "all"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(10):
+        p.produce(s.topic, value=f"committed-{i}".encode(), partition=i % s.partitions)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(10):
+        p.produce(s.topic, value=f"aborted-{i}".encode(), partition=i % s.partitions)
+    p.flush(30)  # the aborted records really reach the log
+    p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(s.topic, value=b"after-abort", partition=0)
+    p.commit_transaction(30)
+
+    def read(isolation: str) -> list[bytes]:
+        c = Consumer({**s.kafka_client_config(), "group.id": f"g-{uuid.uuid4()}",
+                      "isolation.level": isolation, "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.subscribe([s.topic])
+        got: list[bytes] = []
+        try:
+            for _ in range(40):
+                got += [m.value() for m in c.consume(100, timeout=0.5) if not m.error()]
+                if b"after-abort" in got and len(got) >= 11:
+                    break
+        finally:
+            c.close()
+        return got
+
+    committed = read("read_committed")
+    assert sorted(committed) == sorted([f"committed-{i}".encode() for i in range(10)]
+                                       + [b"after-abort"])
+    uncommitted = read("read_uncommitted")
+    assert sum(v.startswith(b"aborted-") for v in uncommitted) == 10
+
+
+def test_migrations_apply_twice_cleanly(isolated: Isolated) -> None:
+    dsn = isolated.settings.ledger_dsn("a")
+    assert migrate_database(dsn) == []  # the fixture already migrated it
+    with connect(dsn) as conn:
+        n = conn.execute("select count(*) from schema_migrations").fetchone()[0]
+    assert n == len(list((SQL_DIR / "migrations").glob("*.sql")))
+
+
+def _fresh_db(settings: Settings) -> str:
+    name = f"scratch_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(settings.embedded_dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    return settings.embedded_dsn(name)
+
+
+def test_migrations_from_empty_equal_the_schema_dump(services: Settings) -> None:
+    migrated = _fresh_db(services)
+    migrate_database(migrated)
+    schema_file = (SQL_DIR / "schema.sql").read_text()
+    assert dump_schema(migrated) == normalise_dump(schema_file), (
+        "sql/schema.sql is stale: run `settle db schema`")
+    # ...and the dump itself loads with psql into an empty database to the same schema.
+    loaded = _fresh_db(services)
+    subprocess.run([str(pg_bin() / "psql"), "-v", "ON_ERROR_STOP=1", "-q", "-f",
+                    str(SQL_DIR / "schema.sql"), loaded], check=True, capture_output=True)
+    assert dump_schema(loaded) == dump_schema(migrated)
+
+
+def test_edited_migration_is_refused(services: Settings, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import settlement.db as db
+
+    dsn = _fresh_db(services)
+    migrate_database(dsn)
+    for f in (SQL_DIR / "migrations").glob("*.sql"):
+        (tmp_path / f.name).write_text(f.read_text())
+    first = sorted(tmp_path.glob("*.sql"))[0]
+    first.write_text(first.read_text() + "\n-- edited\n")
+    monkeypatch.setattr(db, "MIGRATIONS_DIR", tmp_path)
+    with pytest.raises(db.DatabaseError, match="edited after it was applied"):
+        migrate_database(dsn)
