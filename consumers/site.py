@@ -13,14 +13,16 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from consumers.ledger import BEGINNING, Batch, Fenced, Ledger
+from consumers.ledger import BEGINNING, Batch, BatchResult, Fenced, Ledger
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement.config import Settings
+from settlement.gateway import TRADE_HEADERS
 
 log = logging.getLogger("settle.site")
 
@@ -54,25 +56,38 @@ def consumer_config(settings: Settings, site: str, scheme: str) -> dict[str, Any
         "session.timeout.ms": settings.session_timeout_ms,
         "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "partition.assignment.strategy": "roundrobin",
+        # Large fetches keep librdkafka's prefetch queue ahead of a 20k-message batch.
         "fetch.wait.max.ms": 100,
-        "queued.max.messages.kbytes": 131_072,
+        "max.partition.fetch.bytes": 8 << 20,
+        "fetch.max.bytes": 64 << 20,
+        "queued.min.messages": 400_000,
+        "queued.max.messages.kbytes": 262_144,
         "log_level": 3,
     }
 
 
 class Site:
+    """One site's consume loop. Parsing batch N+1 overlaps the ledger commit of batch N (a
+    single writer thread, at most one batch in flight): Python parses while PostgreSQL
+    writes, which roughly doubles throughput on two cores."""
+
     def __init__(self, settings: Settings, opts: SiteOptions):
         from confluent_kafka import Consumer
 
         self.settings, self.opts = settings, opts
         self.topic = settings.topic
-        self.ledger = Ledger(
-            settings.ledger_dsn(settings.site_ledger(opts.site, opts.scheme)),
-            site=opts.site, scheme=opts.scheme, group=group_id(opts.site, opts.scheme),
-            topic=self.topic,
-        )
+        ledger_args = {
+            "dsn": settings.ledger_dsn(settings.site_ledger(opts.site, opts.scheme)),
+            "site": opts.site, "scheme": opts.scheme,
+            "group": group_id(opts.site, opts.scheme), "topic": self.topic,
+        }
+        self.ledger = Ledger(**ledger_args)  # batches and positions (writer thread)
+        self.aux = Ledger(**ledger_args)  # heartbeats and close checks (main thread)
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ledger-{opts.site}")
+        self.pending: tuple[Batch, Future[BatchResult]] | None = None
         self.consumer = Consumer(consumer_config(settings, opts.site, opts.scheme))
-        # partition -> stored next offset we last read or wrote (the compare-and-set value)
+        # partition -> stored next offset after the batches handed to the writer (the
+        # compare-and-set value the next batch expects)
         self.expected: dict[int, int] = {}
         self.needs_resync = False
         self.stop = False
@@ -82,10 +97,11 @@ class Site:
         self.partition_count = 0
         self.failpoint = _failpoint()
 
-    # -- rebalance callbacks (run inside consume(), never during a batch) ---------------
+    # -- rebalance callbacks (run inside consume()) -----------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         from confluent_kafka import OFFSET_BEGINNING
 
+        self._drain()
         self.stats["rebalances"] += 1
         ids = [tp.partition for tp in partitions]
         try:
@@ -93,6 +109,7 @@ class Site:
         except psycopg.Error as e:
             log.warning("site %s: ledger unavailable during assignment (%s); paused",
                         self.opts.site, e)
+            self.ledger.close()
             consumer.assign(partitions)
             consumer.pause(partitions)
             self.needs_resync = True
@@ -106,14 +123,14 @@ class Site:
                  {p: self.expected[p] for p in ids})
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        # Let the batch in flight land first, so the next owner reads our final positions.
+        self._drain()
         for tp in partitions:
             self.expected.pop(tp.partition, None)
         log.info("site %s revoked %s", self.opts.site, [tp.partition for tp in partitions])
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        from confluent_kafka import KafkaError
-
         opts = self.opts
         started = time.monotonic()
         deadline = started + opts.max_seconds if opts.max_seconds else None
@@ -135,30 +152,28 @@ class Site:
                 backoff = 0.5
                 msgs = self.consumer.consume(num_messages=self.settings.batch_size,
                                              timeout=0.5)
-                batch = Batch()
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            log.warning("site %s: kafka: %s", opts.site, err)
-                        continue
-                    self._add(batch, m)
-                if batch.next_offsets:
-                    self._apply(batch)
+                batch = self._parse(msgs)
+                self._drain()
+                if batch.next_offsets and not self.needs_resync:
+                    self._submit(batch)
                 now = time.monotonic()
                 if now - last_beat >= 1.0:
                     last_beat = now
                     self._heartbeat()
                 if opts.until_close and (now - last_close_check >= 1.0 or batch.close_markers):
+                    self._drain()  # the markers must be committed before we look for them
                     last_close_check = now
                     closed, day = self._closed(day)
                     if closed:
                         break
         finally:
             try:
+                self._drain()
                 self.consumer.close()  # leave the group now: the other site takes over at once
             finally:
+                self.writer.shutdown(wait=True)
                 self.ledger.close()
+                self.aux.close()
         seconds = time.monotonic() - started
         return {
             "site": opts.site, "scheme": opts.scheme, "group": group_id(opts.site, opts.scheme),
@@ -168,33 +183,67 @@ class Site:
             "trades_per_second": round(self.stats["inserted"] / seconds) if seconds else 0,
         }
 
-    def _add(self, batch: Batch, m: Any) -> None:
-        p, off = m.partition(), m.offset()
-        if p not in self.expected:
-            return  # from a partition we no longer own (a rebalance raced this poll)
-        batch.messages += 1
-        batch.next_offsets[p] = off + 1
-        raw = m.value()
-        try:
-            obj = decode(raw, self.settings.max_message_bytes)
-            kind = message_type(m.headers())
-            if kind == "close":
-                cm = close_marker(obj, p)
-                batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
-                                            "last_seq": cm.last_seq, "offset": off})
-            elif kind == "trade":
-                batch.copy_lines.append(trade_copy_line(obj, p, off, self.opts.site))
-            else:
-                raise Malformed(f"unknown message type header {kind!r}")
-        except Malformed as e:
-            batch.dead_letters.append({"partition": p, "offset": off, "raw": raw or b"",
-                                       "reason": str(e)})
+    def _parse(self, msgs: list[Any]) -> Batch:
+        """Parse one poll's messages. The hot loop of a site: locals, no per-message calls
+        beyond the parser itself."""
+        from confluent_kafka import KafkaError
 
-    def _apply(self, batch: Batch) -> None:
+        batch = Batch()
+        expected, next_offsets = self.expected, batch.next_offsets
+        add_line, add_dead = batch.copy_lines.append, batch.dead_letters.append
+        site, max_bytes = self.opts.site, self.settings.max_message_bytes
+        n = 0
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("site %s: kafka: %s", site, err)
+                continue
+            p = m.partition()
+            if p not in expected:
+                continue  # from a partition we no longer own (a rebalance raced this poll)
+            off = m.offset()
+            n += 1
+            next_offsets[p] = off + 1
+            raw = m.value()
+            try:
+                obj = decode(raw, max_bytes)
+                headers = m.headers()
+                kind = "trade" if headers == TRADE_HEADERS else message_type(headers)
+                if kind == "trade":
+                    add_line(trade_copy_line(obj, p, off, site))
+                elif kind == "close":
+                    cm = close_marker(obj, p)
+                    batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
+                                                "last_seq": cm.last_seq, "offset": off})
+                else:
+                    raise Malformed(f"unknown message type header {kind!r}")
+            except Malformed as e:
+                add_dead({"partition": p, "offset": off, "raw": raw or b"", "reason": str(e)})
+        batch.messages = n
+        return batch
+
+    def _submit(self, batch: Batch) -> None:
+        expected = {p: self.expected[p] for p in batch.next_offsets}
+        self.pending = (batch, self.writer.submit(self._write, batch, expected))
+        self.expected.update(batch.next_offsets)  # what the next batch will find stored
+
+    def _write(self, batch: Batch, expected: dict[int, int]) -> BatchResult:
+        res = self.ledger.write(batch, expected)
+        if self.failpoint == ("after_db_commit", self.stats["batches"] + 1):
+            os.kill(os.getpid(), signal.SIGKILL)  # crash between the ledger commit and the rest
+        return res
+
+    def _drain(self) -> None:
+        """Wait for the batch in flight and account for it (or recover from its failure)."""
         from confluent_kafka import TopicPartition
 
+        if self.pending is None:
+            return
+        batch, fut = self.pending
+        self.pending = None
         try:
-            res = self.ledger.write(batch, self.expected)
+            res = fut.result()
         except Fenced as e:
             # A successor advanced these partitions while we were stalled: drop the batch
             # and continue from what the ledger says (if the partitions are still ours).
@@ -210,10 +259,6 @@ class Site:
             self._pause_all()
             self.needs_resync = True
             return
-        if self.failpoint == ("after_db_commit", self.stats["batches"] + 1):
-            os.kill(os.getpid(), signal.SIGKILL)  # crash between the ledger commit and the rest
-        for p, nxt in batch.next_offsets.items():
-            self.expected[p] = nxt
         st = self.stats
         st["batches"] += 1
         st["messages"] += batch.messages
@@ -247,6 +292,7 @@ class Site:
             self.ledger.close()
             return False
         self._pause_all()
+        self.expected = {}
         for p in ids:
             off = stored.get(p, BEGINNING)
             self.expected[p] = off
@@ -260,15 +306,15 @@ class Site:
 
     def _heartbeat(self) -> None:
         try:
-            self.ledger.heartbeat(sorted(self.expected), self.stats["inserted"])
+            self.aux.heartbeat(sorted(self.expected), self.stats["inserted"])
         except psycopg.Error:
-            self.ledger.close()  # the next batch notices and pauses; heartbeats just skip
+            self.aux.close()  # the writer notices a real outage and pauses; beats just skip
 
     def _closed(self, day: str | None) -> tuple[bool, str | None]:
         try:
-            d, closed = self.ledger.day_closed(day, self.partition_count)
+            d, closed = self.aux.day_closed(day, self.partition_count)
         except psycopg.Error:
-            self.ledger.close()
+            self.aux.close()
             return False, day
         return closed, d
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from settlement.config import Settings
@@ -46,4 +47,15 @@ def ensure_topic(settings: Settings, brokers: int | None = None, timeout: float 
         if "TOPIC_ALREADY_EXISTS" in str(e):
             return "exists"
         raise
-    return "created"
+    # Creation is acknowledged by the controller before every broker serves the metadata;
+    # callers produce right away, so wait until the topic is visible with leaders.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic=settings.topic, timeout=5).topics.get(settings.topic)
+        if t is not None and t.error is None and t.partitions and all(
+            p.leader >= 0 for p in t.partitions.values()
+        ):
+            return "created"
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {settings.topic!r} was created but has no leaders after "
+                       f"{timeout:.0f}s")

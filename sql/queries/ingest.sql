@@ -34,13 +34,14 @@ where o.consumer_group = %(group)s and o.topic = %(topic)s
   and o.kafka_partition = v.kafka_partition
 
 -- name: insert_staged
--- The lowest offset wins when a replay and the original land in one batch.
+-- When a replay and its original land in one batch, the first staged row (the lower offset:
+-- a trade's copies share its symbol key, hence one partition, and COPY keeps consumption
+-- order in a fresh temp table's heap) wins; no ORDER BY, so no sort per batch.
 insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
                     quantity, buyer, seller, executed_at, site)
 select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
        quantity, buyer, seller, executed_at, site
 from trades_stage
-order by kafka_partition, kafka_offset
 on conflict (trade_id) do nothing
 
 -- name: insert_dead_letter

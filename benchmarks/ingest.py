@@ -1,0 +1,153 @@
+"""Ingest throughput of one consumer site, against a naive consumer and the COPY ceiling.
+
+    .venv/bin/python benchmarks/ingest.py [--trades 1000000] [--naive 20000]
+
+Starts the embedded services if they are not running (and stops them again afterwards),
+pre-produces the day on a private topic, then measures in the same run:
+  site   - `settle site run` logic (parse + COPY to staging + insert on conflict + offsets)
+  naive  - one INSERT and one COMMIT per message, the textbook exactly-once consumer
+  copy   - the same rows COPYed straight into an empty trades table: the database ceiling
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from consumers.parse import decode, trade_copy_line  # noqa: E402
+from consumers.site import Site, SiteOptions, consumer_config  # noqa: E402
+from settlement import services  # noqa: E402
+from settlement.config import Settings, load_settings  # noqa: E402
+from settlement.db import connect, ensure_database, migrate_database  # noqa: E402
+from settlement.gateway import DayGenerator, SimulationSpec, simulate  # noqa: E402
+from settlement.kafka_admin import ensure_topic  # noqa: E402
+
+DATE = "2026-11-24"
+
+
+def fresh(settings: Settings, tag: str) -> Settings:
+    name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
+    dsn = settings.embedded_dsn(name) if settings.pg_dsn is None else settings.settlement_dsn
+    ensure_database(dsn)
+    migrate_database(dsn)
+    return settings.model_copy(update={"ledger_a_dsn": dsn, "ledger_shared_dsn": dsn})
+
+
+def bench_site(settings: Settings) -> dict[str, Any]:
+    site = Site(settings, SiteOptions(site="a", scheme="separate", until_close=True,
+                                      trade_date=DATE, max_seconds=900))
+    out = site.run()
+    with connect(settings.ledger_dsn("a")) as conn:
+        first, last = conn.execute(
+            "select min(committed_at), max(committed_at) from ingest_batches").fetchone()
+        rows = conn.execute("select count(*) from trades").fetchone()[0]
+    # From the first committed batch to the last: excludes process start and group join.
+    busy = (last - first).total_seconds()
+    return {"trades": rows, "wall_seconds": out["seconds"], "batches": out["batches"],
+            "steady_trades_per_second": round(rows / busy) if busy else None,
+            "trades_per_second": round(rows / out["seconds"])}
+
+
+def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
+    from confluent_kafka import Consumer
+
+    c = Consumer({**consumer_config(settings, "naive", "separate"),
+                  "group.id": f"naive-{uuid.uuid4().hex}"})
+    c.subscribe([settings.topic])
+    n = 0
+    with connect(settings.ledger_dsn("a")) as conn:
+        t0 = time.perf_counter()
+        while n < limit:
+            m = c.poll(1.0)
+            if m is None or m.error():
+                continue
+            line = trade_copy_line(decode(m.value(), 16384), m.partition(), m.offset(), "n")
+            f = line.rstrip("\n").split("\t")
+            conn.execute(
+                "insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset,"
+                " symbol, price, quantity, buyer, seller, executed_at, site)"
+                " values (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) on conflict do nothing", f)
+            conn.execute(
+                "insert into consumer_offsets (consumer_group, topic, kafka_partition,"
+                " next_offset, site) values ('naive', %s, %s, %s, 'n')"
+                " on conflict (consumer_group, topic, kafka_partition)"
+                " do update set next_offset = excluded.next_offset",
+                (settings.topic, m.partition(), m.offset() + 1))
+            conn.commit()
+            n += 1
+        secs = time.perf_counter() - t0
+    c.close()
+    return {"trades": n, "seconds": round(secs, 3), "trades_per_second": round(n / secs)}
+
+
+def bench_copy(settings: Settings, trades: int, partitions: int) -> dict[str, Any]:
+    gen = DayGenerator(SimulationSpec(DATE, trades, seed=1), partitions)
+    lines = [trade_copy_line(json.loads(t.value()), t.partition, i, "c")
+             for i, t in enumerate(gen.trades())]
+    with connect(settings.ledger_dsn("a")) as conn:
+        t0 = time.perf_counter()
+        with conn.cursor() as cur, cur.copy(
+            "copy trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
+            " price, quantity, buyer, seller, executed_at, site) from stdin"
+        ) as copy:
+            for i in range(0, len(lines), 20_000):
+                copy.write("".join(lines[i:i + 20_000]))
+        conn.commit()
+        secs = time.perf_counter() - t0
+    return {"trades": trades, "seconds": round(secs, 3), "trades_per_second": round(trades / secs)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trades", type=int, default=1_000_000)
+    ap.add_argument("--naive", type=int, default=20_000, help="messages for the naive consumer")
+    args = ap.parse_args()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    base = load_settings()
+    started = services.up(base)
+    try:
+        topic = f"bench_{uuid.uuid4().hex[:8]}"
+        s = base.model_copy(update={"topic": topic})
+        ensure_topic(s)
+        print(f"producing {args.trades} trades to {topic}...", file=sys.stderr)
+        sim = simulate(s, SimulationSpec(DATE, args.trades, seed=1, txn_size=5_000))
+        print("site...", file=sys.stderr)
+        site = bench_site(fresh(s, "site"))
+        print("naive...", file=sys.stderr)
+        naive = bench_naive(fresh(s, "naive"), args.naive)
+        print("copy ceiling...", file=sys.stderr)
+        copy = bench_copy(fresh(s, "copy"), args.trades, sim["partitions"])
+    finally:
+        if started.get("kafka") == "started" or started.get("postgres") == "started":
+            services.down(base)
+    rate = site["steady_trades_per_second"] or site["trades_per_second"]
+    result = {
+        "benchmark": "ingest",
+        "trades": args.trades,
+        "machine": {"cores": os.cpu_count()},
+        "producer_trades_per_second": sim["trades_per_second"],
+        "site": site,
+        "naive": naive,
+        "copy_ceiling": copy,
+        "site_vs_naive": round(rate / naive["trades_per_second"], 1),
+        "site_vs_copy_ceiling": round(rate / copy["trades_per_second"], 3),
+        "targets": {
+            "site_trades_per_second>=100000": rate >= 100_000,
+            "site_vs_naive>=25": rate / naive["trades_per_second"] >= 25,
+            "site_vs_copy_ceiling>=0.40": rate / copy["trades_per_second"] >= 0.40,
+        },
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
