@@ -94,7 +94,7 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
     spec = SimulationSpec(
         trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
-        bad_rate=args.bad_rate, abort_rate=args.abort_rate,
+        bad_rate=args.bad_rate, abort_rate=args.abort_rate, rate=args.rate,
     )
     return simulate(s, spec, progress=not args.json and sys.stderr.isatty())
 
@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="malformed messages per trade")
     sp.add_argument("--abort-rate", type=_rate, default=0.0,
                     help="fraction of transactions aborted (then re-sent)")
+    sp.add_argument("--rate", type=_positive, default=None,
+                    help="pace the day at this many trades/s (default: as fast as possible)")
 
     sp = add("site", "run one consumer site")
     sp.add_argument("action", choices=["run"])
