@@ -112,3 +112,54 @@ def test_site_killed_mid_day_loses_and_duplicates_nothing(
     assert out_b["closed"], out_b
     ledgers = ["a", "b"] if scheme == "separate" else ["shared"]
     _assert_exact(isolated, ledgers, sim)
+
+
+def _paced_day(env: dict[str, str], seed: int, trades: int = 20000, rate: int = 8000
+               ) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SETTLE, "simulate", "--date", DATE, "--trades", str(trades), "--seed", str(seed),
+         "--dup-rate", "0.01", "--bad-rate", "0.002", "--abort-rate", "0.1",
+         "--rate", str(rate), "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def test_database_restart_mid_day_pauses_and_loses_nothing(isolated: Isolated,
+                                                           tmp_path: Path) -> None:
+    from settlement.services.postgres import EmbeddedPostgres
+
+    env = {**isolated.env, "SETTLE_BATCH_SIZE": "500"}
+    a = start_site("a", "separate", env, DATE, tmp_path / "a.log")
+    day = _paced_day(env, seed=11)
+    ledger = isolated.settings.ledger_dsn("a")
+    wait_for(lambda: _batches(ledger, "a") >= 3, 60, "site a to commit batches")
+    # Crash-stop PostgreSQL (no shutdown checkpoint) for a while, then bring it back.
+    pg = EmbeddedPostgres(isolated.settings)
+    pg.stop("immediate")
+    time.sleep(2.0)
+    pg.start()
+    out, err = day.communicate(timeout=180)
+    assert day.returncode == 0, err[-3000:]
+    res = wait_exit(a, tmp_path / "a.log")
+    assert res["closed"] and res["db_errors"] >= 1, res
+    _assert_exact(isolated, ["a"], last_json(out))
+
+
+def test_sigterm_finishes_the_batch_and_exits_cleanly(isolated: Isolated,
+                                                      tmp_path: Path) -> None:
+    env = {**isolated.env, "SETTLE_BATCH_SIZE": "500"}
+    a = start_site("a", "separate", env, DATE, tmp_path / "a1.log")
+    day = _paced_day(env, seed=12)
+    ledger = isolated.settings.ledger_dsn("a")
+    wait_for(lambda: _batches(ledger, "a") >= 3, 60, "site a to commit batches")
+    a.send_signal(signal.SIGTERM)
+    first = wait_exit(a, tmp_path / "a1.log", timeout=60)  # exit code 0 and a JSON summary
+    assert first["closed"] is False and first["inserted"] > 0
+    out, err = day.communicate(timeout=180)
+    assert day.returncode == 0, err[-3000:]
+    second = wait_exit(start_site("a", "separate", env, DATE, tmp_path / "a2.log"),
+                       tmp_path / "a2.log")
+    assert second["closed"]
+    sim = last_json(out)
+    # Together the two runs applied every trade once: nothing re-inserted after restart.
+    assert first["inserted"] + second["inserted"] == sim["trades"]
+    _assert_exact(isolated, ["a"], sim)
