@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -107,7 +108,18 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return run_site(s, opts)
 
 
+def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    import datetime as dt
+
+    from settlement.demo import DemoOptions, run_demo
+
+    day = args.date or dt.date.today().isoformat()
+    return run_demo(DemoOptions(trade_date=day, scheme=args.scheme, trades=args.trades,
+                                rate=args.rate, seed=args.seed))
+
+
 COMMANDS: dict[str, Handler] = {
+    "demo": cmd_demo,
     "services": cmd_services,
     "db": cmd_db,
     "simulate": cmd_simulate,
@@ -160,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the day --until-close waits for (default: newest day in the ledger)")
     sp.add_argument("--max-seconds", type=float, default=None,
                     help="stop after this long even if the day is not closed")
+    sp = add("demo", "the main job end to end on the embedded services")
+    sp.add_argument("--scheme", choices=["separate", "shared"],
+                    default=os.environ.get("SCHEME", "shared"))
+    sp.add_argument("--date", type=_date, default=None, help="trade date (default today)")
+    sp.add_argument("--trades", type=_positive, default=60_000)
+    sp.add_argument("--rate", type=_positive, default=10_000, help="trades/s")
+    sp.add_argument("--seed", type=_non_negative, default=42)
     return p
 
 
@@ -193,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"settle {args.command}: error: {result['error']}", file=sys.stderr)
     if want_json:
         print(json.dumps(result, default=str), flush=True)
-    elif code == 0:
+    elif code == 0 and args.command != "demo":  # the demo prints its own summary table
         _print_human(result)
     return code
 
