@@ -108,6 +108,16 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return run_site(s, opts)
 
 
+def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.eod import run_eod
+
+    out = run_eod(s, args.date, source=args.source)
+    if out.get("validation_success") is False:
+        raise CommandFailed(f"validation failed for {args.date}; see {out.get('report_path')}",
+                            out)
+    return out
+
+
 def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     import datetime as dt
 
@@ -120,6 +130,7 @@ def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
+    "eod": cmd_eod,
     "services": cmd_services,
     "db": cmd_db,
     "simulate": cmd_simulate,
@@ -172,6 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the day --until-close waits for (default: newest day in the ledger)")
     sp.add_argument("--max-seconds", type=float, default=None,
                     help="stop after this long even if the day is not closed")
+    sp = add("eod", "end-of-day settlement of one trade date (then validation and report)")
+    sp.add_argument("--date", type=_date, required=True)
+    sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
+                    help="auto: Kafka if it holds the whole day, else the ledger database")
+
     sp = add("demo", "the main job end to end on the embedded services")
     sp.add_argument("--scheme", choices=["separate", "shared"],
                     default=os.environ.get("SCHEME", "shared"))

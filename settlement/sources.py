@@ -1,0 +1,211 @@
+"""Where the end-of-day settlement reads a trade date from: Kafka or the ledger database.
+
+Kafka is preferred (it is the system of record the ledgers were built from). The database
+is used when the broker is unreachable, the topic is missing, the day's offsets are no
+longer retained, or the close markers are not in Kafka -- and when an operator asks. Every
+choice carries a sentence an operator can read in the Airflow UI and the audit report.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from settlement.config import LEDGERS, Settings
+from settlement.db import q, redact
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """How much of a trade date one ledger holds, and where the day sits in Kafka."""
+
+    name: str
+    markers: dict[int, tuple[int, int]]  # partition -> (last_seq, close marker offset)
+    stats: dict[int, tuple[int, int, int, int]]  # partition -> (rows, distinct seq, max seq,
+    #                                               first trade offset)
+    previous_markers: dict[int, int]  # partition -> offset of the previous day's marker
+
+    @property
+    def trades(self) -> int:
+        return sum(s[0] for s in self.stats.values())
+
+    @property
+    def expected_trades(self) -> int:
+        return sum(last for last, _ in self.markers.values())
+
+    def complete(self, partitions: int) -> bool:
+        """Every partition closed and its seq running 1..last_seq once each."""
+        if len(self.markers) != partitions:
+            return False
+        for p, (last, _) in self.markers.items():
+            rows, distinct, mx, _ = self.stats.get(p, (0, 0, 0, 0))
+            if not (rows == distinct == last and (mx == last or last == 0)):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    source: str  # "kafka" | "db"
+    reason: str
+    # Kafka: partition -> [start, end) offsets of the day. DB: the ledgers to read.
+    kafka_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    ledgers: tuple[str, ...] = ()
+    partitions: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "source_reason": self.reason,
+                "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
+                "ledgers": list(self.ledgers), "partitions": self.partitions}
+
+
+class NoSource(RuntimeError):
+    """Neither Kafka nor any ledger can provide the trade date."""
+
+
+def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerState | None:
+    """None when the ledger cannot be reached (it is then not a candidate)."""
+    params = {"trade_date": trade_date}
+    try:
+        with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
+            markers = {int(p): (int(last), int(off))
+                       for p, last, off in conn.execute(q("eod", "close_markers"), params)}
+            stats = {int(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4]))
+                     for r in conn.execute(q("eod", "partition_stats"), params)}
+            prev = {int(p): int(off)
+                    for p, off in conn.execute(q("eod", "previous_close_markers"), params)}
+    except psycopg.Error:
+        return None
+    return LedgerState(ledger, markers, stats, prev)
+
+
+def choose_db(settings: Settings, trade_date: str, partitions: int) -> tuple[tuple[str, ...], str]:
+    """The ledger(s) to read: one complete ledger, else the union of the site ledgers."""
+    states = {name: ledger_state(settings, name, trade_date) for name in LEDGERS}
+    usable = {n: s for n, s in states.items() if s is not None and s.trades > 0}
+    for name in ("shared", "a", "b"):
+        st = usable.get(name)
+        if st is not None and st.complete(partitions):
+            return (name,), (f"ledger '{name}' is complete for {trade_date} "
+                             f"({st.trades} trades, {len(st.markers)}/{partitions} "
+                             "partitions closed, sequences contiguous)")
+    sites = tuple(n for n in ("a", "b") if n in usable)
+    if len(sites) == 2:
+        return sites, ("no single ledger is complete for the day; reading the union of site "
+                       "ledgers a and b, deduplicated by trade_id")
+    if usable:
+        best = max(usable.values(), key=lambda s: s.trades)
+        return (best.name,), (f"no ledger is complete for {trade_date}; reading '{best.name}' "
+                              f"({best.trades} of {best.expected_trades} trades): validation "
+                              "will name what is missing")
+    raise NoSource(f"no ledger holds trades for {trade_date} "
+                   f"(checked {', '.join(redact(settings.ledger_dsn(n)) for n in LEDGERS)})")
+
+
+def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float
+                         ) -> tuple[dict[int, tuple[int, int]] | None, str]:
+    """partition -> (start, end) offsets of the day in Kafka, or None and why not."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from settlement.kafka_admin import admin_client
+
+    try:
+        md = admin_client(settings).list_topics(timeout=timeout)
+    except KafkaException as e:
+        return None, f"Kafka is unreachable at {settings.bootstrap()} within {timeout:.0f}s ({e})"
+    topic = md.topics.get(settings.topic)
+    if topic is None or topic.error is not None:
+        return None, f"topic '{settings.topic}' does not exist on {settings.bootstrap()}"
+    parts = sorted(topic.partitions)
+    # The ledgers recorded where the close markers are; Kafka must confirm each one. The
+    # day starts after the previous day's marker (or at the log start if none is known).
+    markers: dict[int, int] = {}
+    previous: dict[int, int] = {}
+    first_trade: dict[int, int] = {}
+    for name in LEDGERS:
+        st = ledger_state(settings, name, trade_date)
+        if st is None:
+            continue
+        for p, (_, off) in st.markers.items():
+            markers.setdefault(p, off)
+        for p, off in st.previous_markers.items():
+            previous[p] = max(previous.get(p, -1), off)
+        for p, stat in st.stats.items():
+            first_trade[p] = min(first_trade.get(p, stat[3]), stat[3])
+    missing = [p for p in parts if p not in markers]
+    if missing:
+        return None, (f"close markers for {trade_date} are not known for partitions "
+                      f"{missing} (no ledger ingested them), so the day's end in Kafka is "
+                      "unknown")
+    c = Consumer({**settings.kafka_client_config(), "group.id": f"eod-probe-{uuid.uuid4().hex}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "log_level": 3})
+    try:
+        ranges: dict[int, tuple[int, int]] = {}
+        for p in parts:
+            marker = markers[p]
+            low, _high = c.get_watermark_offsets(TopicPartition(settings.topic, p),
+                                                 timeout=timeout)
+            start = max(previous.get(p, -1) + 1, low)
+            if p in first_trade and low > first_trade[p]:
+                return None, (f"the day's offsets are no longer retained in Kafka: partition "
+                              f"{p} now starts at offset {low}, the day's first trade was at "
+                              f"{first_trade[p]}")
+            if not _is_close_marker(c, settings.topic, p, marker, trade_date, timeout):
+                return None, (f"the close marker of partition {p} for {trade_date} is not at "
+                              f"offset {marker} in Kafka")
+            ranges[p] = (start, marker + 1)
+    except KafkaException as e:
+        return None, f"Kafka failed while locating the day: {e}"
+    finally:
+        c.close()
+    return ranges, ""
+
+
+def _is_close_marker(c: Any, topic: str, p: int, offset: int, trade_date: str,
+                     timeout: float) -> bool:
+    import json
+
+    from confluent_kafka import TopicPartition
+
+    c.assign([TopicPartition(topic, p, offset)])
+    for _ in range(int(timeout * 2)):
+        msgs = c.consume(1, timeout=0.5)
+        for m in msgs:
+            if m.error():
+                continue
+            if m.offset() != offset:
+                return False
+            try:
+                value = json.loads(m.value())
+            except ValueError:
+                return False
+            return (dict(m.headers() or []).get("type") == b"close"
+                    and value.get("trade_date") == trade_date)
+    return False
+
+
+def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
+                  timeout: float = 10.0) -> SourceChoice:
+    if requested not in ("auto", "kafka", "db"):
+        raise ValueError(f"--source: expected auto, kafka or db, got {requested!r}")
+    partitions = settings.partitions
+    if requested == "db":
+        ledgers, why = choose_db(settings, trade_date, partitions)
+        return SourceChoice("db", f"requested by the operator (--source db); {why}",
+                            ledgers=ledgers, partitions=partitions)
+    ranges, why_not = _kafka_close_markers(settings, trade_date, timeout)
+    if ranges is not None:
+        n = sum(end - start for start, end in ranges.values())
+        reason = ("requested by the operator (--source kafka)" if requested == "kafka" else
+                  f"Kafka is reachable and holds the whole day: close markers confirmed on "
+                  f"all {len(ranges)} partitions, {n} offsets retained")
+        return SourceChoice("kafka", reason, kafka_ranges=ranges, partitions=len(ranges))
+    if requested == "kafka":
+        raise NoSource(f"--source kafka was requested but {why_not}")
+    ledgers, why = choose_db(settings, trade_date, partitions)
+    return SourceChoice("db", f"fell back to the database: {why_not}; {why}",
+                        ledgers=ledgers, partitions=partitions)

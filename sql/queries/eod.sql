@@ -1,0 +1,49 @@
+-- Named statements of the end-of-day settlement (settlement/sources.py, settlement/eod.py).
+
+-- name: close_markers
+select kafka_partition, last_seq, kafka_offset from close_markers
+where trade_date = %(trade_date)s
+
+-- name: previous_close_markers
+-- Where each partition's previous trading day ended: the day starts right after it.
+select kafka_partition, max(kafka_offset) from close_markers
+where trade_date < %(trade_date)s
+group by kafka_partition
+
+-- name: partition_stats
+select kafka_partition, count(*), count(distinct seq), max(seq), min(kafka_offset)
+from trades
+where trade_date = %(trade_date)s
+group by kafka_partition
+
+-- name: start_run
+insert into settlement_runs (trade_date, source, source_reason, status, offsets)
+values (%(trade_date)s, %(source)s, %(source_reason)s, 'running', %(offsets)s)
+returning run_id
+
+-- name: finish_run
+update settlement_runs
+set status = %(status)s, trades = %(trades)s, duplicates_removed = %(duplicates_removed)s,
+    malformed = %(malformed)s, positions = %(positions)s, accounts = %(accounts)s,
+    gross_notional = %(gross_notional)s, netting_efficiency = %(netting_efficiency)s,
+    timings = %(timings)s, error = %(error)s, finished_at = now()
+where run_id = %(run_id)s
+
+-- name: record_validation
+update settlement_runs
+set validation_success = %(success)s, validation = %(validation)s,
+    report_path = coalesce(%(report_path)s, report_path),
+    status = case when %(success)s then status else 'failed' end,
+    error = case when %(success)s then error else 'validation failed' end
+where run_id = %(run_id)s
+
+-- A rerun replaces the date's rows: these deletes and the COPY of the new rows are one
+-- transaction (never a bare insert that could double a day).
+-- name: delete_positions
+delete from positions where trade_date = %(trade_date)s
+
+-- name: delete_cash_obligations
+delete from cash_obligations where trade_date = %(trade_date)s
+
+-- name: delete_instrument_summary
+delete from instrument_summary where trade_date = %(trade_date)s
