@@ -1,0 +1,126 @@
+"""End-of-day settlement on real Kafka, PostgreSQL and Spark."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settlement.db import connect
+from settlement.eod import run_eod
+from settlement.gateway import DayGenerator, SimulationSpec, simulate
+from settlement.sources import choose_source
+from tests.conftest import Isolated
+from tests.helpers import start_site, wait_exit
+
+pytestmark = pytest.mark.services
+DATE = "2026-11-25"
+SPEC = SimulationSpec(DATE, 4000, seed=5, dup_rate=0.02, bad_rate=0.005, abort_rate=0.3,
+                      txn_size=500)
+
+
+@pytest.fixture
+def settled_day(isolated: Isolated, tmp_path: Path) -> Isolated:
+    """A faulty day published and ingested by site A (separate scheme)."""
+    simulate(isolated.settings, SPEC)
+    out = wait_exit(start_site("a", "separate", isolated.env, DATE, tmp_path / "a.log"),
+                    tmp_path / "a.log")
+    assert out["closed"]
+    return isolated
+
+
+def _table(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    with connect(dsn) as conn:
+        return conn.execute(sql, (DATE,)).fetchall()
+
+
+POSITIONS = ("select account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,"
+             " net_cash, trade_count from positions where trade_date = %s order by 1, 2")
+
+
+def expected_positions() -> dict[tuple[str, str], tuple[Any, ...]]:
+    """The same netting in plain Python with Decimal, from the generator's own trades."""
+    acc: dict[tuple[str, str], list[Any]] = defaultdict(
+        lambda: [0, 0, Decimal(0), Decimal(0), 0])
+    for t in DayGenerator(SPEC, 6).trades():
+        amount = t.price * t.quantity
+        b = acc[(t.buyer, t.symbol)]
+        b[0] += t.quantity
+        b[2] += amount
+        b[4] += 1
+        s = acc[(t.seller, t.symbol)]
+        s[1] += t.quantity
+        s[3] += amount
+        s[4] += 1
+    return {k: (v[0], v[1], v[0] - v[1], v[2], v[3], v[3] - v[2], v[4]) for k, v in acc.items()}
+
+
+def test_kafka_and_database_sources_agree_with_plain_python(settled_day: Isolated) -> None:
+    s = settled_day.settings
+    kafka = run_eod(s, DATE, source="auto")
+    assert kafka["source"] == "kafka", kafka["source_reason"]
+    assert "close markers confirmed on all 6 partitions" in kafka["source_reason"]
+    assert kafka["trades"] == SPEC.trades
+    assert kafka["malformed"] > 0 and kafka["duplicates_removed"] > 0
+    from_kafka = _table(s.settlement_dsn, POSITIONS)
+
+    db = run_eod(s, DATE, source="db")
+    assert db["source"] == "db" and db["ledgers"] == ["a"]
+    assert "ledger 'a' is complete" in db["source_reason"]
+    from_db = _table(s.settlement_dsn, POSITIONS)
+    assert from_db == from_kafka
+    assert db["netting_efficiency"] == kafka["netting_efficiency"]
+
+    want = expected_positions()
+    got = {(r[0], r[1]): tuple(r[2:]) for r in from_db}
+    assert got == want
+    # Invariants: every instrument's quantity and all cash net to zero.
+    per_symbol: dict[str, int] = defaultdict(int)
+    for (_, sym), v in got.items():
+        per_symbol[sym] += v[2]
+    assert set(per_symbol.values()) == {0}
+    assert sum(v[5] for v in got.values()) == 0
+    assert all(isinstance(v[3], Decimal) for v in got.values())
+
+
+def test_rerun_replaces_the_day_and_records_runs(settled_day: Isolated) -> None:
+    s = settled_day.settings
+    first = run_eod(s, DATE, source="db")
+    before = _table(s.settlement_dsn, POSITIONS)
+    second = run_eod(s, DATE, source="db")
+    after = _table(s.settlement_dsn, POSITIONS)
+    assert before == after and len(after) == first["positions"] == second["positions"]
+    runs = _table(s.settlement_dsn, "select source, status, trades, offsets, timings"
+                  " from settlement_runs where trade_date = %s order by run_id")
+    assert [r[:3] for r in runs] == [("db", "succeeded", SPEC.trades)] * 2
+    assert runs[0][3]["ledgers"] == ["a"] and "read_seconds" in runs[0][4]
+
+
+def test_falls_back_to_the_database_when_kafka_is_unreachable(settled_day: Isolated) -> None:
+    down = settled_day.settings.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
+    choice = choose_source(down, DATE, timeout=3)
+    assert choice.source == "db"
+    assert "Kafka is unreachable at 127.0.0.1:1" in choice.reason
+    assert choice.ledgers == ("a",)
+
+
+def test_falls_back_when_the_topic_is_missing(settled_day: Isolated) -> None:
+    gone = settled_day.settings.model_copy(update={"topic": "no_such_topic"})
+    choice = choose_source(gone, DATE)
+    assert choice.source == "db"
+    assert "topic 'no_such_topic' does not exist" in choice.reason
+
+
+def test_kafka_ranges_cover_the_day(settled_day: Isolated) -> None:
+    choice = choose_source(settled_day.settings, DATE)
+    assert choice.source == "kafka" and len(choice.kafka_ranges) == 6
+    markers = _table(settled_day.settings.ledger_dsn("a"),
+                     "select kafka_partition, kafka_offset from close_markers"
+                     " where trade_date = %s")
+    assert {p: off + 1 for p, off in markers} == {p: e for p, (_, e) in
+                                                  choice.kafka_ranges.items()}
+    json.dumps(choice.as_dict())  # recorded in settlement_runs.offsets
