@@ -1,0 +1,109 @@
+"""The SparkSession for settlement jobs, and the connector jars for ``spark-submit --jars``.
+
+The jars come from the foundation's Maven step (``.cache/jars/spark``): the Kafka source,
+the PostgreSQL JDBC driver and their runtime dependencies. Some of those dependencies
+(scala-library, slf4j-api, lz4-java, snappy-java, ...) ship with pyspark itself in another
+version; putting both versions on the classpath breaks Spark in odd ways, so a jar whose
+artifact pyspark already has is left out and pyspark's copy wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+from settlement.config import Settings
+
+# A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
+# "0-10_2.13" in spark-sql-kafka-0-10_2.13 is part of the artifact name, not a version.
+_VERSION = re.compile(r"^\d+(\.\d+)+")
+
+DEFAULTS: dict[str, str] = {
+    # Trade timestamps are UTC; a machine's local zone must never shift them.
+    "spark.sql.session.timeZone": "UTC",
+    # Overflow in decimal arithmetic must fail the run, not turn into NULL (Spark 4's default,
+    # pinned so that a cluster-wide spark-defaults.conf cannot turn it off silently).
+    "spark.sql.ansi.enabled": "true",
+    # One business date is small for Spark; the default 200 shuffle tasks cost more than they
+    # save on a 2-core machine.
+    "spark.sql.shuffle.partitions": "8",
+    # The UI binds a port and starts threads that a batch job on a shared host does not need.
+    "spark.ui.enabled": "false",
+}
+
+
+def artifact_name(jar_file: str) -> str:
+    """``scala-library-2.13.15.jar`` -> ``scala-library``; the name up to the version."""
+    parts = Path(jar_file).name.removesuffix(".jar").split("-")
+    for i in range(1, len(parts)):
+        if _VERSION.match(parts[i]):
+            return "-".join(parts[:i])
+    return "-".join(parts)
+
+
+def bundled_jars_dir() -> Path:
+    """The Spark distribution's jars: $SPARK_HOME/jars if set, else pyspark's own."""
+    home = os.environ.get("SPARK_HOME")
+    if home and (Path(home) / "jars").is_dir():
+        return Path(home) / "jars"
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+def spark_jars(settings: Settings, bundled: Path | None = None) -> list[str]:
+    """Absolute paths of the connector jars to add (for ``spark.jars`` or ``--jars``),
+    without those whose artifact the Spark distribution already ships."""
+    folder = settings.jars_dir / "spark"
+    if not folder.is_dir():
+        return []
+    bundled = bundled if bundled is not None else bundled_jars_dir()
+    have = {artifact_name(p.name) for p in bundled.glob("*.jar")}
+    return [
+        str(p.resolve()) for p in sorted(folder.glob("*.jar")) if artifact_name(p.name) not in have
+    ]
+
+
+def _launched_by_spark_submit() -> bool:
+    # spark-submit starts the JVM first and hands its gateway to Python through this variable;
+    # then --master, --jars, --driver-memory and --conf are already decided.
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def build_session(
+    settings: Settings,
+    app_name: str = "settlement",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession on ``settings.spark_master`` with the connector jars.
+
+    ``conf`` overrides DEFAULTS (e.g. ``{"spark.ui.enabled": "true"}``). Under spark-submit
+    the submitter's master and any setting it passed win; only what it left unset is added.
+    If a session already runs in this process it is reused (its static settings, such as the
+    master and jars, cannot change; SQL settings are applied to it).
+    """
+    wanted = dict(DEFAULTS)
+    if settings.spark_master.startswith("local"):
+        # Executors live in this process: no reason to bind anything but loopback, and a
+        # host name that does not resolve would otherwise stall start-up.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    wanted["spark.driver.memory"] = settings.spark_driver_memory
+    jars = spark_jars(settings)
+    if jars:
+        wanted["spark.jars"] = ",".join(jars)
+    wanted.update(conf or {})
+
+    builder = SparkSession.builder.appName(app_name)
+    if _launched_by_spark_submit():
+        existing = SparkConf()  # the JVM is already up: this reads spark-submit's settings
+        wanted = {k: v for k, v in wanted.items() if not existing.contains(k)}
+    else:
+        builder = builder.master(settings.spark_master)
+    for key, value in wanted.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,469 @@
+"""Settlement steps on tiny inline frames (chispa), edge cases, and a random day checked
+against an independent computation in plain Python with Decimal."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import re
+from collections import defaultdict
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructType
+
+from settlement.config import REPO_ROOT, load_settings
+from settlement.spark import transforms as T
+from settlement.spark.session import artifact_name, spark_jars
+from tests import spark_fixtures
+
+# pytest finds fixtures among module attributes; a name bound by assignment (not import) is
+# not reported as redefined by each test's `spark` parameter.
+spark = spark_fixtures.spark
+
+DAY = dt.date(2024, 3, 15)
+OTHER_DAY = dt.date(2024, 3, 14)
+UTC = dt.UTC
+RAW_SCHEMA = (
+    "key binary, value binary, partition int, offset long, "
+    "headers array<struct<key:string,value:binary>>"
+)
+
+
+def trade(
+    trade_id: str,
+    symbol: str,
+    price: str,
+    quantity: int,
+    buyer: str,
+    seller: str,
+    *,
+    partition: int = 0,
+    offset: int = 0,
+    seq: int = 1,
+    day: dt.date = DAY,
+) -> tuple[Any, ...]:
+    executed = dt.datetime.combine(day, dt.time(9, 30), tzinfo=UTC)
+    return (
+        trade_id, day, seq, partition, offset, symbol, Decimal(price), quantity, buyer, seller,
+        executed,
+    )  # fmt: skip
+
+
+def frame(spark: SparkSession, rows: list[tuple[Any, ...]], schema: StructType) -> DataFrame:
+    return spark.createDataFrame(rows, schema)
+
+
+def same(actual: DataFrame, expected: DataFrame) -> None:
+    # Aggregates are nullable where the inputs are not; NOT NULL is the tables' business.
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def d(value: str) -> Decimal:
+    return Decimal(value)
+
+
+# -- schemas match the tables ---------------------------------------------------------------
+
+
+def _sql_columns(table: str) -> list[tuple[str, str]]:
+    sql = (REPO_ROOT / "sql" / "migrations" / "0002_settlement.sql").read_text()
+    body = re.search(rf"create table {table} \((.*?)\n\);", sql, re.S)
+    assert body, table
+    cols = []
+    for line in body.group(1).splitlines():
+        m = re.match(r"\s+(\w+)\s+(\w+(?:\(\d+,\s*\d+\))?)", line)
+        if m and m.group(1) != "primary":
+            cols.append((m.group(1), m.group(2).replace(" ", "")))
+    return cols
+
+
+def _sql_type(spark_type: Any) -> str:
+    if isinstance(spark_type, DecimalType):
+        return f"numeric({spark_type.precision},{spark_type.scale})"
+    return {DateType: "date", StringType: "text", LongType: "bigint"}[type(spark_type)]
+
+
+@pytest.mark.parametrize(
+    ("table", "schema"),
+    [
+        ("positions", T.POSITIONS_SCHEMA),
+        ("cash_obligations", T.CASH_OBLIGATIONS_SCHEMA),
+        ("instrument_summary", T.INSTRUMENT_SUMMARY_SCHEMA),
+    ],
+)
+def test_output_schemas_match_the_tables(table: str, schema: StructType) -> None:
+    assert [(f.name, _sql_type(f.dataType)) for f in schema] == _sql_columns(table)
+
+
+# -- edge cases -----------------------------------------------------------------------------
+
+
+def test_account_that_only_buys(spark: SparkSession) -> None:
+    trades = frame(
+        spark,
+        [
+            trade("t1", "XAU", "1.5000", 10, "A", "B"),
+            trade("t2", "XAU", "2.0000", 5, "A", "C"),
+            trade("t3", "YEN", "100.0000", 1, "A", "B"),
+        ],
+        T.TRADE_SCHEMA,
+    )
+    pos = T.positions(trades, DAY)
+    same(
+        pos,
+        frame(
+            spark,
+            [
+                (DAY, "A", "XAU", 15, 0, 15, d("25"), d("0"), d("-25"), 2),
+                (DAY, "A", "YEN", 1, 0, 1, d("100"), d("0"), d("-100"), 1),
+                (DAY, "B", "XAU", 0, 10, -10, d("0"), d("15"), d("15"), 1),
+                (DAY, "B", "YEN", 0, 1, -1, d("0"), d("100"), d("100"), 1),
+                (DAY, "C", "XAU", 0, 5, -5, d("0"), d("10"), d("10"), 1),
+            ],
+            T.POSITIONS_SCHEMA,
+        ),
+    )
+    same(
+        T.cash_obligations(pos),
+        frame(
+            spark,
+            [
+                (DAY, "A", d("125"), d("0"), d("-125"), 3),
+                (DAY, "B", d("0"), d("115"), d("115"), 2),
+                (DAY, "C", d("0"), d("10"), d("10"), 1),
+            ],
+            T.CASH_OBLIGATIONS_SCHEMA,
+        ),
+    )
+
+
+def test_one_trade(spark: SparkSession) -> None:
+    trades = frame(spark, [trade("t1", "XAU", "2345.6789", 3, "A", "B")], T.TRADE_SCHEMA)
+    pos = T.positions(trades, "2024-03-15")
+    amount = d("7037.0367")
+    same(
+        pos,
+        frame(
+            spark,
+            [
+                (DAY, "A", "XAU", 3, 0, 3, amount, d("0"), -amount, 1),
+                (DAY, "B", "XAU", 0, 3, -3, d("0"), amount, amount, 1),
+            ],
+            T.POSITIONS_SCHEMA,
+        ),
+    )
+    same(
+        T.instrument_summary(trades, DAY),
+        frame(
+            spark,
+            [(DAY, "XAU", 1, 3, amount, d("2345.6789"), d("2345.6789"), d("2345.6789"))],
+            T.INSTRUMENT_SUMMARY_SCHEMA,
+        ),
+    )
+    # Both legs settle in full: nothing was netted away.
+    assert T.netting(T.cash_obligations(pos)) == T.Netting(amount, 2 * amount, Decimal(0))
+
+
+def test_a_day_with_zero_trades(spark: SparkSession) -> None:
+    trades = frame(spark, [], T.TRADE_SCHEMA)
+    pos = T.positions(T.dedupe_trades(trades), DAY)
+    obligations = T.cash_obligations(pos)
+    summary = T.instrument_summary(trades, DAY)
+    same(pos, frame(spark, [], T.POSITIONS_SCHEMA))
+    same(obligations, frame(spark, [], T.CASH_OBLIGATIONS_SCHEMA))
+    same(summary, frame(spark, [], T.INSTRUMENT_SUMMARY_SCHEMA))
+    assert T.netting_efficiency(obligations) is None
+    assert T.netting(obligations) == T.Netting(Decimal(0), Decimal(0), None)
+
+
+def test_duplicated_trade_ids_keep_the_earliest_copy(spark: SparkSession) -> None:
+    rows = [
+        trade("t1", "XAU", "1.0000", 1, "A", "B", partition=1, offset=50, seq=9),
+        trade("t1", "XAU", "1.0000", 1, "A", "B", partition=0, offset=70, seq=8),
+        trade("t1", "XAU", "1.0000", 1, "A", "B", partition=0, offset=60, seq=7),
+        trade("t2", "YEN", "2.0000", 2, "B", "A", partition=2, offset=5, seq=1),
+        trade("t2", "YEN", "2.0000", 2, "B", "A", partition=2, offset=5, seq=1),
+    ]
+    expected = frame(spark, [rows[2], rows[3]], T.TRADE_SCHEMA)
+    same(T.dedupe_trades(frame(spark, rows, T.TRADE_SCHEMA)), expected)
+    # Same answer whatever the input order and spread over tasks.
+    shuffled = frame(spark, rows[::-1], T.TRADE_SCHEMA).repartition(3)
+    same(T.dedupe_trades(shuffled), expected)
+
+
+def test_trades_of_other_dates_are_not_settled(spark: SparkSession) -> None:
+    trades = frame(
+        spark,
+        [
+            trade("t1", "XAU", "1.0000", 1, "A", "B"),
+            trade("t0", "XAU", "9.0000", 9, "A", "B", day=OTHER_DAY),
+        ],
+        T.TRADE_SCHEMA,
+    )
+    rows = T.positions(trades, DAY).select("account", "net_qty").collect()
+    assert sorted(map(tuple, rows)) == [("A", 1), ("B", -1)]
+    assert T.instrument_summary(trades, DAY).select("trades").collect()[0][0] == 1
+
+
+def test_multi_account_multi_symbol_day_balances(spark: SparkSession) -> None:
+    rows = [
+        # A ring on XAU at one price: every account's cash and quantity cancel out.
+        trade("r1", "XAU", "10.0000", 5, "A", "B"),
+        trade("r2", "XAU", "10.0000", 5, "B", "C"),
+        trade("r3", "XAU", "10.0000", 5, "C", "A"),
+        trade("m1", "YEN", "0.0071", 1_000_000, "D", "A"),
+        trade("m2", "YEN", "0.0072", 400_000, "A", "B"),
+        trade("m3", "OIL", "81.2500", 7, "C", "D"),
+        trade("m4", "OIL", "80.9999", 3, "D", "B"),
+        trade("m5", "OIL", "81.0001", 11, "B", "C"),
+    ]
+    trades = frame(spark, rows, T.TRADE_SCHEMA)
+    pos = T.positions(trades, DAY)
+    per_symbol = pos.groupBy("symbol").agg(F.sum("net_qty").alias("q"), F.sum("net_cash"))
+    assert {r["symbol"]: r["q"] for r in per_symbol.collect()} == {"XAU": 0, "YEN": 0, "OIL": 0}
+    totals = pos.agg(F.sum("net_cash"), F.sum("trade_count")).collect()[0]
+    assert totals[0] == 0
+    assert totals[1] == 2 * len(rows)  # every trade has two legs
+    obligations = T.cash_obligations(pos)
+    assert obligations.agg(F.sum("net_cash")).collect()[0][0] == 0
+    ring = T.cash_obligations(T.positions(trades.where(F.col("symbol") == "XAU"), DAY))
+    assert T.netting_efficiency(ring) == 1  # the ring nets out completely
+
+
+def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
+    # notional / volume = 36.66158350204999818...: below the half at the 11th place, so
+    # 36.6615835020. Dividing at Spark's bounded scale (…205000) and casting again would
+    # round twice and give …5021.
+    trades = frame(
+        spark,
+        [
+            trade("v1", "XAU", "30.3226", 9664, "A", "B"),
+            trade("v2", "XAU", "40.0845", 17897, "B", "A"),
+        ],
+        T.TRADE_SCHEMA,
+    )
+    row = T.instrument_summary(trades, DAY).collect()[0]
+    assert row["notional"] == d("1010429.9029")
+    assert row["volume"] == 27561
+    assert row["vwap"] == d("36.6615835020")
+    assert str(row["vwap"]) == "36.6615835020"
+
+
+# -- Kafka values ---------------------------------------------------------------------------
+
+
+GOOD = {
+    "trade_id": "T-1",
+    "trade_date": "2024-03-15",
+    "seq": 1,
+    "symbol": "XAU",
+    "price": "98765432109876.5432",
+    "quantity": 3,
+    "buyer": "A",
+    "seller": "B",
+    "executed_at": "2024-03-15T09:30:00.123456Z",
+}
+
+
+def message(value: Any, offset: int, kind: str | None = "trade", partition: int = 0) -> tuple:
+    raw = value if isinstance(value, bytes | None) else json.dumps(value).encode()
+    headers = [("type", kind.encode())] if kind else None
+    return (b"XAU", raw, partition, offset, headers)
+
+
+OVERSIZED = {**GOOD, "pad": "x" * 300}
+MALFORMED = {
+    1: (b'{"trade_id": "T-2", "seq": ', "invalid JSON"),
+    2: (b"not json", "invalid JSON"),
+    3: (b"{'trade_id': 'T-3'}", "invalid JSON"),
+    4: (b'{"trade_id": "\xff\xfe"}', "invalid UTF-8"),
+    5: (None, "empty value"),
+    6: ({**GOOD, "price": 12.5}, "field price is not a string"),  # a float never gets in
+    7: ({**GOOD, "quantity": "3"}, "field quantity is not an integer"),
+    8: ({**GOOD, "quantity": 2.5}, "field quantity is not an integer"),
+    9: ({k: v for k, v in GOOD.items() if k != "buyer"}, "missing field buyer"),
+    10: ({**GOOD, "seller": "A"}, "buyer equals seller"),
+    11: ({**GOOD, "quantity": -4}, "quantity must be > 0"),
+    12: ({**GOOD, "price": "0.0000"}, "price must be > 0"),
+    13: ({**GOOD, "price": "-1.5"}, "price must be > 0"),
+    14: ({**GOOD, "price": "1.23456"}, "price does not fit numeric(18,4)"),
+    15: ({**GOOD, "price": "1,234.5"}, "price is not a decimal string"),
+    16: ({**GOOD, "trade_date": "2024-02-30"}, "invalid trade_date"),
+    17: ({**GOOD, "executed_at": 1710495000}, "field executed_at is not a string"),
+    18: ({**GOOD, "trade_id": 17}, "field trade_id is not a string"),
+    19: ({**GOOD, "seq": 0}, "seq must be > 0"),
+    20: ({**GOOD, "symbol": ""}, "empty symbol"),
+    21: (OVERSIZED, f"oversized: {len(json.dumps(OVERSIZED))} bytes > 400"),
+}
+
+
+def test_parse_kafka_values(spark: SparkSession) -> None:
+    rows = [message(GOOD, 0)]
+    rows += [message(value, offset) for offset, (value, _) in MALFORMED.items()]
+    rows += [
+        # No type header: a trade, with a UTC offset that is converted.
+        message({**GOOD, "trade_id": "T-9", "executed_at": "2024-03-15T11:30:00+02:00"}, 30, None),
+        message({"trade_date": "2024-03-15", "partition": 0, "last_seq": 1}, 31, "close"),
+        message({"trade_date": "2024-03-15", "partition": 4, "last_seq": 1}, 32, "close"),
+        message(GOOD, 33, "heartbeat"),
+    ]
+    parsed = T.parse_kafka_values(spark.createDataFrame(rows, RAW_SCHEMA), max_value_bytes=400)
+
+    at = dt.datetime(2024, 3, 15, 9, 30, tzinfo=UTC)
+    price = d("98765432109876.5432")
+    same(
+        parsed.trades,
+        frame(
+            spark,
+            [
+                ("T-1", DAY, 1, 0, 0, "XAU", price, 3, "A", "B", at.replace(microsecond=123456)),
+                ("T-9", DAY, 1, 0, 30, "XAU", price, 3, "A", "B", at),
+            ],
+            T.TRADE_SCHEMA,
+        ),
+    )
+    same(parsed.closes, frame(spark, [(DAY, 0, 31, 1)], T.CLOSE_MARKERS_SCHEMA))
+    reasons = {r["kafka_offset"]: r["reason"] for r in parsed.malformed.collect()}
+    expected = {offset: reason for offset, (_, reason) in MALFORMED.items()}
+    expected[32] = "close marker for partition 4 arrived on partition 0"
+    expected[33] = "unknown message type heartbeat"
+    assert reasons == expected
+    assert parsed.malformed.schema == T.MALFORMED_SCHEMA
+
+
+# -- a random day against plain Python -------------------------------------------------------
+
+
+def _random_day(seed: int, n: int) -> list[tuple[Any, ...]]:
+    rng = random.Random(seed)
+    accounts = [f"ACC{i:03d}" for i in range(15)]
+    symbols = ["XAU", "YEN", "OIL", "BTC", "ZNC", "SOY"]
+    rows = []
+    for i in range(n):
+        buyer, seller = rng.sample(accounts, 2)
+        price = str(Decimal(rng.randint(1, 50_000_000)).scaleb(-4))
+        rows.append(
+            trade(
+                f"T{i:05d}", rng.choice(symbols), price, rng.randint(1, 5_000), buyer, seller,
+                partition=i % 3, offset=i // 3, seq=i // 3 + 1,
+            )
+        )  # fmt: skip
+    # Replays of earlier trades at later offsets, and a trade of another day.
+    rows += [r[:4] + (r[4] + n,) + r[5:] for r in rng.sample(rows, 25)]
+    rows.append(trade("OLD", "XAU", "1.0000", 1, accounts[0], accounts[1], day=OTHER_DAY))
+    return rows
+
+
+def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, T.Netting]:
+    unique = {r[0]: r for r in rows if r[1] == DAY}
+    pos: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, Decimal(0), Decimal(0), 0])
+    summary: dict[str, list] = {}
+    for _, _, _, _, _, symbol, price, qty, buyer, seller, _ in unique.values():
+        amount = price * qty
+        b, s = pos[(buyer, symbol)], pos[(seller, symbol)]
+        b[0] += qty
+        b[2] += amount
+        b[4] += 1
+        s[1] += qty
+        s[3] += amount
+        s[4] += 1
+        st = summary.setdefault(symbol, [0, 0, Decimal(0), price, price])
+        st[0] += 1
+        st[1] += qty
+        st[2] += amount
+        st[3], st[4] = min(st[3], price), max(st[4], price)
+    positions = [
+        (DAY, acct, sym, bq, sq, bq - sq, ba, sa, sa - ba, n)
+        for (acct, sym), (bq, sq, ba, sa, n) in pos.items()
+    ]
+    by_account: dict[str, list] = defaultdict(lambda: [Decimal(0), Decimal(0), 0])
+    for _, acct, _, _, _, _, ba, sa, _, n in positions:
+        by_account[acct][0] += ba
+        by_account[acct][1] += sa
+        by_account[acct][2] += n
+    obligations = [(DAY, a, ba, sa, sa - ba, n) for a, (ba, sa, n) in by_account.items()]
+    with localcontext() as ctx:
+        ctx.prec = 60
+        instruments = [
+            (DAY, sym, n, vol, notional,
+             (notional / vol).quantize(Decimal("1e-10"), ROUND_HALF_UP), low, high)
+            for sym, (n, vol, notional, low, high) in summary.items()
+        ]  # fmt: skip
+        gross = sum((r[6] for r in positions), Decimal(0))
+        net = sum((abs(r[4]) for r in obligations), Decimal(0))
+        efficiency = (1 - net / (2 * gross)).quantize(Decimal("1e-10"), ROUND_HALF_UP)
+    return positions, obligations, instruments, T.Netting(gross, net, efficiency)
+
+
+def test_random_day_matches_plain_python(spark: SparkSession) -> None:
+    rows = _random_day(seed=20240315, n=500)
+    positions, obligations, instruments, netting = _expected(rows)
+
+    trades = T.dedupe_trades(frame(spark, rows, T.TRADE_SCHEMA)).cache()
+    try:
+        assert trades.count() == 501  # 500 + the other day's trade; replays removed
+        pos = T.positions(trades, DAY).cache()
+        same(pos, frame(spark, positions, T.POSITIONS_SCHEMA))
+        cash = T.cash_obligations(pos)
+        same(cash, frame(spark, obligations, T.CASH_OBLIGATIONS_SCHEMA))
+        same(
+            T.instrument_summary(trades, DAY),
+            frame(spark, instruments, T.INSTRUMENT_SUMMARY_SCHEMA),
+        )
+        assert T.netting(cash) == netting
+        assert T.netting(pos) == netting  # from positions, |net| is still per account
+        assert 0 <= netting.efficiency < 1  # type: ignore[operator]
+    finally:
+        trades.unpersist()
+
+
+# -- session -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("scala-library-2.13.15.jar", "scala-library"),
+        ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("snappy-java-1.1.10.5.jar", "snappy-java"),
+        ("guava-33.4.0-jre.jar", "guava"),
+        ("netty-common-4.1.118.Final.jar", "netty-common"),
+        ("no-version.jar", "no-version"),
+    ],
+)
+def test_artifact_name(jar: str, artifact: str) -> None:
+    assert artifact_name(jar) == artifact
+
+
+def test_spark_jars_skip_what_spark_ships(tmp_path: Path) -> None:
+    ours, bundled = tmp_path / "jars" / "spark", tmp_path / "bundled"
+    ours.mkdir(parents=True)
+    bundled.mkdir()
+    for name in ("scala-library-2.13.15.jar", "postgresql-42.7.8.jar", "lz4-java-1.10.1.jar"):
+        (ours / name).touch()
+    for name in ("scala-library-2.13.18.jar", "lz4-java-1.11.0.jar", "spark-core_2.13-4.2.0.jar"):
+        (bundled / name).touch()
+    settings = load_settings(jars_dir=tmp_path / "jars")
+    assert spark_jars(settings, bundled) == [str((ours / "postgresql-42.7.8.jar").resolve())]
+    assert spark_jars(load_settings(jars_dir=tmp_path / "missing")) == []
+
+
+def test_session_has_the_connectors(spark: SparkSession) -> None:
+    if not spark_jars(load_settings()):
+        pytest.skip("connector jars not fetched yet (make jars)")
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    jars = spark.sparkContext.getConf().get("spark.jars") or ""
+    assert "postgresql" in jars and "scala-library" not in jars
+    # Resolving the source loads its classes; nothing is read until an action runs.
+    kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+    assert "offset" in kafka.option("subscribe", "trades").load().columns
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    loader = jvm.Thread.currentThread().getContextClassLoader()
+    assert jvm.java.lang.Class.forName("org.postgresql.Driver", True, loader)
