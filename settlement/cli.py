@@ -118,6 +118,16 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return out
 
 
+def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.validation.gather import validate_only
+
+    out = validate_only(s, args.date, source=args.source)
+    if not out["success"]:
+        names = ", ".join(f"{f['suite']}: {f['name']}" for f in out["failures"])
+        raise CommandFailed(f"validation failed for {args.date}: {names}", out)
+    return out
+
+
 def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     import datetime as dt
 
@@ -131,6 +141,7 @@ def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 COMMANDS: dict[str, Handler] = {
     "demo": cmd_demo,
     "eod": cmd_eod,
+    "validate": cmd_validate,
     "services": cmd_services,
     "db": cmd_db,
     "simulate": cmd_simulate,
@@ -187,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--date", type=_date, required=True)
     sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
                     help="auto: Kafka if it holds the whole day, else the ledger database")
+
+    sp = add("validate", "Great Expectations checks of one trade date (no settlement)")
+    sp.add_argument("--date", type=_date, required=True)
+    sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto")
 
     sp = add("demo", "the main job end to end on the embedded services")
     sp.add_argument("--scheme", choices=["separate", "shared"],

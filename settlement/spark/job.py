@@ -36,6 +36,7 @@ class SettlementResult:
     gross_notional: Decimal
     net_settlement: Decimal
     netting_efficiency: Decimal | None
+    close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
     timings: dict[str, float] = field(default_factory=dict)
     trades_df: DataFrame | None = None  # the deduplicated day, cached, for validation
 
@@ -83,9 +84,17 @@ def kafka_options(settings: Settings) -> dict[str, str]:
     return opts
 
 
-def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice
-               ) -> tuple[DataFrame, int]:
-    """The day's bounded offset range, read_committed; returns (trades, malformed count)."""
+@dataclass
+class DayRead:
+    trades: DataFrame  # TRADE_SCHEMA, not yet deduplicated
+    malformed: int
+    close_markers: dict[int, int]  # partition -> last_seq
+    cached: DataFrame  # what to unpersist once the deduplicated day is cached
+
+
+def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
+               ) -> DayRead:
+    """The day's bounded offset range, read_committed."""
     topic = settings.topic
     starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
     ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}
@@ -102,23 +111,29 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice
         # exchange sequence numbers are checked against the close markers afterwards.
         .option("failOnDataLoss", "false")
         .load()
+        .persist()  # parsed three ways below: read the broker once
     )
     parsed = T.parse_kafka_values(raw, settings.max_message_bytes)
-    raw_trades = parsed.trades.persist()
     malformed = parsed.malformed.count()
-    return raw_trades, malformed
+    closes = {int(r["kafka_partition"]): int(r["last_seq"])
+              for r in parsed.closes.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
+              .collect()}
+    return DayRead(parsed.trades, malformed, closes, raw)
 
 
-def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
-            ) -> DataFrame:
+def read_db(spark: SparkSession, settings: Settings, ledgers: tuple[str, ...], trade_date: str
+            ) -> DayRead:
     """The ledger(s), read over JDBC in parallel slices of the exchange sequence number."""
     frames = []
+    closes: dict[int, int] = {}
     cols = ", ".join(f.name for f in T.TRADE_SCHEMA)
-    for ledger in choice.ledgers:
+    for ledger in ledgers:
         dsn = settings.ledger_dsn(ledger)
         url, props = jdbc_options(dsn)
         st = ledger_state(settings, ledger, trade_date)
         max_seq = max((s[2] for s in st.stats.values()), default=1) if st else 1
+        for p, (last, _) in (st.markers if st else {}).items():
+            closes[p] = max(closes.get(p, 0), last)
         query = f"(select {cols} from trades where trade_date = date '{trade_date}') day"
         df = spark.read.jdbc(
             url, query, column="seq", lowerBound=1, upperBound=max(max_seq, 2),
@@ -128,19 +143,17 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice, trade
     out = frames[0]
     for other in frames[1:]:
         out = out.unionByName(other)
-    return out
+    out = out.persist()
+    return DayRead(out, 0, closes, out)
 
 
 def settle(spark: SparkSession, settings: Settings, trade_date: str, choice: SourceChoice
            ) -> SettlementResult:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    malformed = 0
-    if choice.source == "kafka":
-        raw, malformed = read_kafka(spark, settings, choice)
-    else:
-        raw = read_db(spark, settings, choice, trade_date).persist()
-    day_raw = raw.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
+    read = (read_kafka(spark, settings, choice, trade_date) if choice.source == "kafka"
+            else read_db(spark, settings, choice.ledgers, trade_date))
+    day_raw = read.trades.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
     trades = T.dedupe_trades(day_raw).persist()
     n_raw = day_raw.count()
     n = trades.count()
@@ -158,13 +171,14 @@ def settle(spark: SparkSession, settings: Settings, trade_date: str, choice: Sou
     gross = sum((r[2] for r in obl_rows), Decimal(0))
     net = sum((abs(r[4]) for r in obl_rows), Decimal(0))
     pos.unpersist()
-    raw.unpersist()
+    read.cached.unpersist()
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     return SettlementResult(
         trade_date=trade_date, source=choice.source, trades=n, duplicates_removed=n_raw - n,
-        malformed=malformed, positions=pos_rows, obligations=obl_rows, instruments=ins_rows,
+        malformed=read.malformed, positions=pos_rows, obligations=obl_rows, instruments=ins_rows,
         gross_notional=gross, net_settlement=net,
-        netting_efficiency=T.efficiency_from_totals(gross, net), timings=timings,
+        netting_efficiency=T.efficiency_from_totals(gross, net), close_markers=read.close_markers,
+        timings=timings,
         trades_df=trades,
     )
 

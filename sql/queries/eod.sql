@@ -47,3 +47,8 @@ delete from cash_obligations where trade_date = %(trade_date)s
 
 -- name: delete_instrument_summary
 delete from instrument_summary where trade_date = %(trade_date)s
+
+-- name: stored_positions
+select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,
+       net_cash, trade_count
+from positions where trade_date = %(trade_date)s

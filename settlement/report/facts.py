@@ -1,0 +1,103 @@
+"""The figures of an audit report, gathered from the run, the ledgers and the heartbeats."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from settlement.config import LEDGERS, Settings
+from settlement.db import q
+
+TOP_OBLIGATIONS = 10
+FAILOVER_GAP = dt.timedelta(seconds=3)  # heartbeats are 1 s apart; 3 missed = a dead site
+
+
+def _ledger_facts(settings: Settings) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in LEDGERS:
+        try:
+            with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+                dead = [(r, int(n)) for r, n in conn.execute(
+                    q("report", "dead_letters_by_reason"), {"topic": settings.topic})]
+                sites = {s: {"duplicates_suppressed": int(d or 0), "trades_ingested": int(i or 0),
+                             "dead_letters": int(x or 0)}
+                         for s, d, i, x in conn.execute(q("report", "duplicates_by_site"))}
+                series = [(s, m, int(n or 0)) for s, m, n, _ in
+                          conn.execute(q("report", "ingest_by_site"))]
+                beats = conn.execute(q("report", "heartbeats")).fetchall()
+        except psycopg.Error:
+            continue
+        if not (sites or dead or beats):
+            continue
+        out[name] = {"dead_letters_by_reason": dict(dead), "sites": sites,
+                     "ingest_per_minute": [{"site": s, "minute": m.isoformat(), "trades": n}
+                                           for s, m, n in series],
+                     "failover_events": failover_events(beats)}
+    return out
+
+
+def failover_events(beats: list[tuple[str, dt.datetime, list[int]]]) -> list[dict[str, Any]]:
+    """Heartbeat gaps (a site stopped beating) and partition ownership changes."""
+    events: list[dict[str, Any]] = []
+    last: dict[str, tuple[dt.datetime, list[int]]] = {}
+    for site, at, parts in beats:
+        prev = last.get(site)
+        if prev is not None:
+            if at - prev[0] > FAILOVER_GAP:
+                events.append({"site": site, "at": prev[0].isoformat(), "event": "silent",
+                               "detail": f"no heartbeat for {(at - prev[0]).total_seconds():.0f}s"})
+            if sorted(parts) != sorted(prev[1]):
+                events.append({"site": site, "at": at.isoformat(), "event": "partitions",
+                               "detail": f"{sorted(prev[1])} -> {sorted(parts)}"})
+        last[site] = (at, parts)
+    for site, (at, _) in last.items():
+        events.append({"site": site, "at": at.isoformat(), "event": "last heartbeat",
+                       "detail": "the site's final beat in this ledger"})
+    return sorted(events, key=lambda e: e["at"])
+
+
+def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Any, result: Any,
+                 outcome: Any) -> dict[str, Any]:
+    per_partition: dict[int, dict[str, Any]] = defaultdict(dict)
+    for p, last in result.close_markers.items():
+        per_partition[p]["last_seq"] = last
+    for p, (start, end) in choice.kafka_ranges.items():
+        per_partition[p]["offsets"] = [start, end]
+    if result.trades_df is not None:
+        for row in result.trades_df.groupBy("kafka_partition").count().collect():
+            per_partition[int(row[0])]["trades"] = int(row[1])
+    top = sorted(result.obligations, key=lambda r: abs(r[4]), reverse=True)[:TOP_OBLIGATIONS]
+    return {
+        "title": f"Settlement audit report {trade_date}",
+        "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "run_id": run_id,
+        "trade_date": trade_date,
+        "source": choice.source,
+        "source_reason": choice.reason,
+        "ledgers_read": list(choice.ledgers),
+        "trades": result.trades,
+        "duplicates_removed_in_settlement": result.duplicates_removed,
+        "malformed_in_source": result.malformed,
+        "partitions": {str(p): v for p, v in sorted(per_partition.items())},
+        "gross_notional": str(result.gross_notional),
+        "net_settlement": str(result.net_settlement),
+        "netting_efficiency": None if result.netting_efficiency is None
+        else str(result.netting_efficiency),
+        "accounts": len(result.obligations),
+        "positions": len(result.positions),
+        "largest_obligations": [
+            {"account": r[1], "net_cash": str(r[4]), "pays": r[4] < 0,
+             "buy_amount": str(r[2]), "sell_amount": str(r[3]), "trades": r[5]}
+            for r in top],
+        "instruments": [
+            {"symbol": r[1], "trades": r[2], "volume": r[3], "notional": str(r[4]),
+             "vwap": str(Decimal(r[5]).quantize(Decimal("0.0001")))}
+            for r in result.instruments],
+        "validation": outcome.as_dict(),
+        "ledgers": _ledger_facts(settings),
+        "timings": result.timings,
+    }

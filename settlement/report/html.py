@@ -1,0 +1,146 @@
+"""HTML rendering of the audit report facts: one self-contained page, no scripts."""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
+max-width:1100px;color:#1b1f24;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;
+border-bottom:1px solid #d0d7de;padding-bottom:.3rem}
+.verdict{display:inline-block;padding:.35rem .8rem;border-radius:6px;font-weight:700}
+.pass{background:#dafbe1;color:#116329}.fail{background:#ffebe9;color:#a40e26}
+.kpis{display:grid;grid-template-columns:repeat(4,1fr);gap:.8rem;margin:1rem 0}
+.kpi{border:1px solid #d0d7de;border-radius:6px;padding:.6rem .8rem}
+.kpi b{display:block;font-size:1.3rem}.kpi span{color:#57606a;font-size:.85rem}
+table{border-collapse:collapse;width:100%;margin:.5rem 0}
+th,td{border-bottom:1px solid #eaeef2;padding:.3rem .5rem;text-align:left}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+.muted{color:#57606a}code{background:#f6f8fa;padding:0 .25rem;border-radius:3px}
+"""
+COLORS = ("#0969da", "#cf222e", "#1a7f37", "#8250df")
+
+
+def _e(v: Any) -> str:
+    return escape("" if v is None else str(v))
+
+
+def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
+    numeric = numeric or set()
+    head = "".join(f'<th class="{"n" if i in numeric else ""}">{_e(h)}</th>'
+                   for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"n" if i in numeric else ""}">{_e(c)}</td>'
+                         for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _money(v: Any) -> str:
+    try:
+        return f"{float(v):,.2f}"  # display only; the JSON keeps the exact decimal string
+    except (TypeError, ValueError):
+        return _e(v)
+
+
+def ingest_chart(series: list[dict[str, Any]], width: int = 1000, height: int = 220) -> str:
+    """Trades applied per minute, one line per site (an inline SVG)."""
+    if not series:
+        return '<p class="muted">No ingest batches recorded.</p>'
+    minutes = sorted({p["minute"] for p in series})
+    sites = sorted({p["site"] for p in series})
+    index = {m: i for i, m in enumerate(minutes)}
+    top = max(p["trades"] for p in series) or 1
+    pad, w, h = 40, width - 60, height - 50
+    x = (lambda i: pad + (w * i / max(len(minutes) - 1, 1)))
+    y = (lambda v: 10 + h - h * v / top)
+    parts = [f'<svg role="img" aria-label="trades ingested per site per minute" '
+             f'viewBox="0 0 {width} {height}" width="100%">',
+             f'<line x1="{pad}" y1="{10 + h}" x2="{pad + w}" y2="{10 + h}" stroke="#8c959f"/>',
+             f'<text x="4" y="18" font-size="11" fill="#57606a">{top:,}</text>',
+             f'<text x="4" y="{10 + h}" font-size="11" fill="#57606a">0</text>',
+             f'<text x="{pad}" y="{height - 8}" font-size="11" fill="#57606a">'
+             f'{_e(minutes[0][11:16])} UTC</text>',
+             f'<text x="{pad + w - 60}" y="{height - 8}" font-size="11" fill="#57606a">'
+             f'{_e(minutes[-1][11:16])} UTC</text>']
+    for n, site in enumerate(sites):
+        pts = {index[p["minute"]]: p["trades"] for p in series if p["site"] == site}
+        coords = " ".join(f"{x(i):.1f},{y(pts.get(i, 0)):.1f}" for i in range(len(minutes)))
+        color = COLORS[n % len(COLORS)]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
+                     f'points="{coords}"/>')
+        parts.append(f'<text x="{pad + 10 + 90 * n}" y="26" font-size="12" fill="{color}">'
+                     f'site {_e(site)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def render_html(f: dict[str, Any]) -> str:
+    v = f["validation"]
+    ok = v["success"]
+    verdict = (f'<span class="verdict pass">VALIDATION PASSED</span>' if ok else
+               f'<span class="verdict fail">VALIDATION FAILED: {len(v["failures"])} '
+               "check(s)</span>")
+    eff = f["netting_efficiency"]
+    eff_text = "n/a" if eff is None else f"{float(eff) * 100:.2f}%"
+    kpis = [("trades settled", f"{f['trades']:,}"), ("source", f["source"]),
+            ("netting efficiency", eff_text), ("gross notional", _money(f["gross_notional"])),
+            ("net settlement", _money(f["net_settlement"])), ("accounts", f["accounts"]),
+            ("duplicates removed", f["duplicates_removed_in_settlement"]),
+            ("malformed in source", f["malformed_in_source"])]
+    out = [
+        "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f"<title>{_e(f['title'])}</title><style>{CSS}</style></head><body>",
+        f"<h1>{_e(f['title'])}</h1>",
+        f'<p class="muted">run {f["run_id"]} &middot; generated {_e(f["generated_at"])}</p>',
+        verdict,
+        '<div class="kpis">' + "".join(
+            f'<div class="kpi"><b data-kpi="{_e(k)}">{_e(val)}</b><span>{_e(k)}</span></div>'
+            for k, val in kpis) + "</div>",
+        "<h2>Source</h2>",
+        f"<p><b>{_e(f['source'])}</b>: {_e(f['source_reason'])}</p>",
+        "<h2>Partitions</h2>",
+        _table(["partition", "offsets [start, end)", "close marker last seq", "trades"],
+               [[p, d.get("offsets", "-"), d.get("last_seq", "-"), d.get("trades", 0)]
+                for p, d in f["partitions"].items()], {2, 3}),
+        "<h2>Validation</h2>",
+    ]
+    if v.get("data_docs"):
+        out.append(f'<p>Great Expectations Data Docs: <a href="{_e(v["data_docs"])}">'
+                   f'{_e(v["data_docs"])}</a></p>')
+    if v["failures"]:
+        out.append(_table(["suite", "check", "observed", "examples"],
+                          [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],
+                            "; ".join(str(x) for x in c["examples"][:5])]
+                           for c in v["failures"]]))
+    out.append(f'<p class="muted">{v["checks"]} checks run, {len(v["passed"])} passed. '
+               "Not applicable: " + (", ".join(f"{k} ({r})" for k, r in v["skipped"].items())
+                                     or "none") + "</p>")
+    out.append("<h2>Largest obligations</h2>")
+    out.append(_table(["account", "net cash", "direction", "bought", "sold", "trades"],
+                      [[o["account"], _money(o["net_cash"]),
+                        "pays the CCP" if o["pays"] else "receives from the CCP",
+                        _money(o["buy_amount"]), _money(o["sell_amount"]), o["trades"]]
+                       for o in f["largest_obligations"]], {1, 3, 4, 5}))
+    for name, led in f["ledgers"].items():
+        out.append(f"<h2>Ledger {_e(name)}</h2>")
+        out.append(ingest_chart(led["ingest_per_minute"]))
+        out.append(_table(["site", "trades ingested", "duplicates suppressed", "dead letters"],
+                          [[s, d["trades_ingested"], d["duplicates_suppressed"],
+                            d["dead_letters"]] for s, d in led["sites"].items()], {1, 2, 3}))
+        if led["dead_letters_by_reason"]:
+            out.append(_table(["dead-letter reason", "messages"],
+                              [[r, n] for r, n in led["dead_letters_by_reason"].items()], {1}))
+        events = [e for e in led["failover_events"] if e["event"] != "last heartbeat"]
+        out.append("<h3>Failover events seen in the heartbeats</h3>")
+        out.append(_table(["time (UTC)", "site", "event", "detail"],
+                          [[e["at"][11:19], e["site"], e["event"], e["detail"]]
+                           for e in events]) if events else
+                   '<p class="muted">None: no site went silent and no partition moved.</p>')
+    out.append("<h2>Instruments</h2>")
+    out.append(_table(["symbol", "trades", "volume", "notional", "VWAP"],
+                      [[i["symbol"], i["trades"], i["volume"], _money(i["notional"]), i["vwap"]]
+                       for i in f["instruments"]], {1, 2, 3, 4}))
+    out.append("</body></html>")
+    return "\n".join(out)

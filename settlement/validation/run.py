@@ -1,0 +1,214 @@
+"""Running the suites with Great Expectations 1.x and turning results into a verdict.
+
+The GX project is a file context kept in the repository (``gx/``): suites, validation
+definitions and checkpoints are JSON files there; results and Data Docs go to
+``gx/uncommitted/`` (ignored by git). ``ensure_project`` creates whatever is missing and
+replaces a suite whose expectations differ from the code in ``suites.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from settlement.config import REPO_ROOT
+from settlement.validation.suites import SuitePlan, all_suites
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+DATASOURCE = "settlement_spark"
+ASSETS = ("settlement_trades", "ledger_trades", "ledger_b_trades", "positions")
+BATCH = "whole_day"
+EXAMPLES = 10
+
+
+@dataclass
+class CheckResult:
+    suite: str
+    asset: str
+    name: str
+    check: str
+    success: bool
+    observed: Any
+    examples: list[Any] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"suite": self.suite, "asset": self.asset, "name": self.name,
+                "check": self.check, "success": self.success, "observed": self.observed,
+                "examples": self.examples}
+
+
+@dataclass
+class ValidationOutcome:
+    checks: list[CheckResult]
+    skipped: dict[str, str]  # suite@asset -> why it did not apply
+    data_docs: str | None
+
+    @property
+    def success(self) -> bool:
+        return all(c.success for c in self.checks)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.success]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"success": self.success, "checks": len(self.checks),
+                "failures": [c.as_dict() for c in self.failures],
+                "passed": [f"{c.suite}@{c.asset}: {c.name}" for c in self.checks if c.success],
+                "skipped": self.skipped, "data_docs": self.data_docs}
+
+
+def get_context() -> Any:
+    import great_expectations as gx
+
+    return gx.get_context(mode="file", project_root_dir=str(REPO_ROOT))
+
+
+def _vd_name(plan: SuitePlan) -> str:
+    return f"{plan.suite.name}@{plan.asset}"
+
+
+def _same_suite(a: Any, b: Any) -> bool:
+    def key(s: Any) -> list[Any]:
+        return sorted(repr(e.configuration.to_json_dict().get("kwargs")) + repr(e.meta)
+                      for e in s.expectations)
+
+    return key(a) == key(b)
+
+
+def ensure_project(context: Any) -> dict[str, Any]:
+    """Data source, assets, suites, validation definitions and checkpoints, by name."""
+    import great_expectations as gx
+    from great_expectations.checkpoint import UpdateDataDocsAction
+
+    try:
+        ds = context.data_sources.get(DATASOURCE)
+    except (KeyError, ValueError):
+        ds = context.data_sources.add_spark(name=DATASOURCE)
+    for name in ASSETS:
+        try:
+            asset = ds.get_asset(name)
+        except LookupError:
+            asset = ds.add_dataframe_asset(name=name)
+        try:
+            asset.get_batch_definition(BATCH)
+        except (KeyError, LookupError, ValueError):
+            asset.add_batch_definition_whole_dataframe(BATCH)
+    plans = all_suites()
+    suites: dict[str, Any] = {}
+    replaced: set[str] = set()
+    for plan in plans:
+        if plan.suite.name in suites:
+            continue
+        try:
+            stored = context.suites.get(plan.suite.name)
+        except gx.exceptions.DataContextError:
+            stored = None
+        if stored is None or not _same_suite(stored, plan.suite):
+            if stored is not None:  # the code changed the suite: replace it, and what uses it
+                context.suites.delete(plan.suite.name)
+                replaced.add(plan.suite.name)
+            stored = context.suites.add(plan.suite)
+        suites[plan.suite.name] = stored
+    checkpoints: dict[str, Any] = {}
+    for plan in plans:
+        name = _vd_name(plan)
+        if plan.suite.name in replaced:
+            for store in (context.checkpoints, context.validation_definitions):
+                try:
+                    store.delete(name)
+                except gx.exceptions.DataContextError:
+                    pass
+        try:
+            vd = context.validation_definitions.get(name)
+        except gx.exceptions.DataContextError:
+            batch = ds.get_asset(plan.asset).get_batch_definition(BATCH)
+            vd = context.validation_definitions.add(
+                gx.ValidationDefinition(name=name, data=batch, suite=suites[plan.suite.name]))
+        try:
+            cp = context.checkpoints.get(name)
+        except gx.exceptions.DataContextError:
+            cp = context.checkpoints.add(gx.Checkpoint(
+                name=name, validation_definitions=[vd],
+                actions=[UpdateDataDocsAction(name="update_data_docs")],
+                result_format={"result_format": "COMPLETE"},
+            ))
+        checkpoints[name] = cp
+    return checkpoints
+
+
+def _examples(result: dict[str, Any]) -> list[Any]:
+    details = (result.get("details") or {}).get("unexpected_rows")
+    if details is not None:
+        rows = details if isinstance(details, list) else _frame_rows(details)
+        return [_plain(r) for r in rows[:EXAMPLES]]
+    return [_plain(v) for v in (result.get("partial_unexpected_list") or [])[:EXAMPLES]]
+
+
+def _frame_rows(value: Any) -> list[Any]:
+    if hasattr(value, "to_dict"):
+        return value.to_dict(orient="records")  # pandas
+    if hasattr(value, "collect"):
+        return [r.asDict() for r in value.limit(EXAMPLES).collect()]  # Spark
+    return list(value)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if hasattr(v, "asDict"):
+        return _plain(v.asDict())
+    if isinstance(v, int | float | str | bool) or v is None:
+        return v
+    return str(v)
+
+
+def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None = None,
+               only: set[str] | None = None) -> ValidationOutcome:
+    """Validate each asset's frame with its suites; an asset without a frame is skipped.
+
+    ``skip`` maps a suite name to a reason it does not apply (e.g. no Kafka to reconcile);
+    ``only`` restricts the run to some ``suite@asset`` names.
+    """
+    context = get_context()
+    checkpoints = ensure_project(context)
+    skipped: dict[str, str] = {}
+    checks: list[CheckResult] = []
+    for plan in all_suites():
+        name = _vd_name(plan)
+        if only is not None and name not in only:
+            continue
+        df = frames.get(plan.asset)
+        why = (skip or {}).get(plan.suite.name)
+        if df is None or why:
+            skipped[name] = why or f"no {plan.asset} data for this run"
+            continue
+        res = checkpoints[name].run(batch_parameters={"dataframe": df})
+        for vres in res.run_results.values():
+            for er in vres.results:
+                meta = er.expectation_config.meta or {}
+                result = er.result or {}
+                checks.append(CheckResult(
+                    suite=plan.suite.name, asset=plan.asset,
+                    name=str(meta.get("name", er.expectation_config.type)),
+                    check=str(meta.get("check", "")), success=bool(er.success),
+                    observed=_plain(result.get("observed_value",
+                                               result.get("unexpected_count"))),
+                    examples=[] if er.success else _examples(result),
+                ))
+    docs = None
+    try:
+        urls = context.get_docs_sites_urls()
+        docs = urls[0]["site_url"] if urls else None
+    except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
+        docs = None
+    return ValidationOutcome(checks, skipped, docs)
+
+
+def register_views(spark: SparkSession, views: dict[str, DataFrame]) -> None:
+    for name, df in views.items():
+        df.createOrReplaceTempView(name)
