@@ -14,7 +14,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432
 
-.PHONY: help setup env jars up down status migrate test test-down lint demo bench clean
+.PHONY: help setup browser env jars up down status migrate test test-down lint demo bench clean
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -22,6 +22,12 @@ help:
 	@echo "make up | down | status | migrate | lint | bench | clean"
 
 setup: env jars
+
+# Headless Chromium renders the audit report and drives the Airflow UI in tests.
+browser:
+	@command -v chromium >/dev/null || { \
+	  echo "installing Debian's chromium for the browser tests..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 $(CURDIR)/.tools/bin/uv:
 	python3 -m venv .tools
@@ -58,7 +64,7 @@ migrate: env
 lint: env
 	$(UV) run --frozen ruff check settlement consumers dags tests benchmarks
 
-test: setup
+test: setup browser
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
 
 # Stop the test suite's services (the suite stops them itself; this is the safety net).

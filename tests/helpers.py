@@ -61,3 +61,37 @@ def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> No
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def chromium(url: str, tmp: Path, screenshot: Path | None = None,
+             size: str = "1200,2400") -> str:
+    """Render a page in headless Chromium (Debian's package); return the rendered DOM."""
+    import shutil
+
+    exe = shutil.which("chromium")
+    assert exe, "chromium is not installed: `make test` installs Debian's chromium package"
+    base = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium-profile'}"]
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*base, f"--window-size={size}", f"--screenshot={screenshot}", url],
+                       capture_output=True, timeout=120, check=True)
+    res = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return res.stdout
+
+
+def ingest_day(env: dict[str, str], tmp: Path, date: str, sites: list[str], scheme: str,
+               trades: int = 3000, seed: int = 5) -> dict[str, Any]:
+    """Publish a faulty day and run the given sites until close; returns the gateway JSON."""
+    sim = settle(["simulate", "--date", date, "--trades", str(trades), "--seed", str(seed),
+                  "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.3"], env)
+    procs = [(start_site(s, scheme, env, date, tmp / f"{s}.log"), tmp / f"{s}.log")
+             for s in sites]
+    for proc, log in procs:
+        assert wait_exit(proc, log)["closed"]
+    return sim

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections import defaultdict
 from decimal import Decimal
 from typing import Any
@@ -21,23 +22,46 @@ def _ledger_facts(settings: Settings) -> dict[str, Any]:
     for name in LEDGERS:
         try:
             with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
-                dead = [(r, int(n)) for r, n in conn.execute(
-                    q("report", "dead_letters_by_reason"), {"topic": settings.topic})]
+                dead = reason_kinds(conn.execute(
+                    q("report", "dead_letters_by_reason"), {"topic": settings.topic}))
                 sites = {s: {"duplicates_suppressed": int(d or 0), "trades_ingested": int(i or 0),
                              "dead_letters": int(x or 0)}
                          for s, d, i, x in conn.execute(q("report", "duplicates_by_site"))}
-                series = [(s, m, int(n or 0)) for s, m, n, _ in
-                          conn.execute(q("report", "ingest_by_site"))]
+                series = ingest_series(conn.execute(q("report", "ingest_batches")).fetchall())
                 beats = conn.execute(q("report", "heartbeats")).fetchall()
         except psycopg.Error:
             continue
         if not (sites or dead or beats):
             continue
-        out[name] = {"dead_letters_by_reason": dict(dead), "sites": sites,
-                     "ingest_per_minute": [{"site": s, "minute": m.isoformat(), "trades": n}
-                                           for s, m, n in series],
+        out[name] = {"dead_letters_by_reason": dead, "sites": sites,
+                     "ingest_series": series,
                      "failover_events": failover_events(beats)}
     return out
+
+
+def reason_kinds(rows: Any) -> dict[str, int]:
+    """Dead-letter counts by kind of reason: quoted values and numbers are elided, so
+    "buyer equals seller ('ACC0177')" and "... ('ACC0121')" count as one kind."""
+    kinds: dict[str, int] = defaultdict(int)
+    for reason, n in rows:
+        kinds[re.sub(r"'[^']*'|(?<![\w-])-?\d+", "…", reason)] += int(n)
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
+def ingest_series(batches: list[tuple[str, dt.datetime, int]], buckets: int = 60
+                  ) -> dict[str, Any]:
+    """Trades applied per site in about ``buckets`` equal time slices of the ingest span."""
+    if not batches:
+        return {"start": None, "seconds_per_bucket": 0, "sites": {}}
+    start, end = batches[0][1], batches[-1][1]
+    width = max((end - start).total_seconds() / buckets, 1.0)
+    n = int((end - start).total_seconds() // width) + 1
+    sites: dict[str, list[int]] = {}
+    for site, at, inserted in batches:
+        row = sites.setdefault(site, [0] * n)
+        row[min(int((at - start).total_seconds() // width), n - 1)] += int(inserted or 0)
+    return {"start": start.isoformat(), "end": end.isoformat(),
+            "seconds_per_bucket": round(width, 3), "sites": sites}
 
 
 def failover_events(beats: list[tuple[str, dt.datetime, list[int]]]) -> list[dict[str, Any]]:

@@ -44,33 +44,34 @@ def _money(v: Any) -> str:
         return _e(v)
 
 
-def ingest_chart(series: list[dict[str, Any]], width: int = 1000, height: int = 220) -> str:
-    """Trades applied per minute, one line per site (an inline SVG)."""
-    if not series:
+def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -> str:
+    """Trades applied per site over the ingest span, one line per site (an inline SVG)."""
+    sites: dict[str, list[int]] = series.get("sites") or {}
+    if not sites:
         return '<p class="muted">No ingest batches recorded.</p>'
-    minutes = sorted({p["minute"] for p in series})
-    sites = sorted({p["site"] for p in series})
-    index = {m: i for i, m in enumerate(minutes)}
-    top = max(p["trades"] for p in series) or 1
-    pad, w, h = 40, width - 60, height - 50
-    x = (lambda i: pad + (w * i / max(len(minutes) - 1, 1)))
+    n = max(len(v) for v in sites.values())
+    top = max(max(v) for v in sites.values()) or 1
+    pad, w, h = 50, width - 70, height - 50
+    x = (lambda i: pad + (w * i / max(n - 1, 1)))
     y = (lambda v: 10 + h - h * v / top)
-    parts = [f'<svg role="img" aria-label="trades ingested per site per minute" '
+    per = series["seconds_per_bucket"]
+    parts = [f'<svg role="img" aria-label="trades ingested per site over the day" '
              f'viewBox="0 0 {width} {height}" width="100%">',
              f'<line x1="{pad}" y1="{10 + h}" x2="{pad + w}" y2="{10 + h}" stroke="#8c959f"/>',
              f'<text x="4" y="18" font-size="11" fill="#57606a">{top:,}</text>',
              f'<text x="4" y="{10 + h}" font-size="11" fill="#57606a">0</text>',
              f'<text x="{pad}" y="{height - 8}" font-size="11" fill="#57606a">'
-             f'{_e(minutes[0][11:16])} UTC</text>',
-             f'<text x="{pad + w - 60}" y="{height - 8}" font-size="11" fill="#57606a">'
-             f'{_e(minutes[-1][11:16])} UTC</text>']
-    for n, site in enumerate(sites):
-        pts = {index[p["minute"]]: p["trades"] for p in series if p["site"] == site}
-        coords = " ".join(f"{x(i):.1f},{y(pts.get(i, 0)):.1f}" for i in range(len(minutes)))
-        color = COLORS[n % len(COLORS)]
+             f'{_e(series["start"][11:19])} UTC</text>',
+             f'<text x="{pad + w - 70}" y="{height - 8}" font-size="11" fill="#57606a">'
+             f'{_e(series["end"][11:19])} UTC</text>',
+             f'<text x="{pad + w / 2 - 90}" y="{height - 8}" font-size="11" fill="#57606a">'
+             f'trades applied per {per:g} s</text>']
+    for k, (site, values) in enumerate(sorted(sites.items())):
+        coords = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+        color = COLORS[k % len(COLORS)]
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
                      f'points="{coords}"/>')
-        parts.append(f'<text x="{pad + 10 + 90 * n}" y="26" font-size="12" fill="{color}">'
+        parts.append(f'<text x="{pad + 10 + 90 * k}" y="26" font-size="12" fill="{color}">'
                      f'site {_e(site)}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -125,7 +126,8 @@ def render_html(f: dict[str, Any]) -> str:
                        for o in f["largest_obligations"]], {1, 3, 4, 5}))
     for name, led in f["ledgers"].items():
         out.append(f"<h2>Ledger {_e(name)}</h2>")
-        out.append(ingest_chart(led["ingest_per_minute"]))
+        out.append("<h3>Trades ingested per site over the day</h3>")
+        out.append(ingest_chart(led["ingest_series"]))
         out.append(_table(["site", "trades ingested", "duplicates suppressed", "dead letters"],
                           [[s, d["trades_ingested"], d["duplicates_suppressed"],
                             d["dead_letters"]] for s, d in led["sites"].items()], {1, 2, 3}))

@@ -1,0 +1,100 @@
+"""Validation inside `settle eod` and the audit report, rendered in real Chromium."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from settlement.db import connect
+from settlement.eod import run_eod
+from settlement.report.facts import failover_events
+from tests.conftest import Isolated
+from tests.helpers import ROOT, chromium, ingest_day, last_json
+
+pytestmark = pytest.mark.services
+DATE = "2026-11-26"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def separate_day(isolated: Isolated, tmp_path: Path) -> tuple[Isolated, dict]:
+    return isolated, ingest_day(isolated.env, tmp_path, DATE, ["a", "b"], "separate")
+
+
+def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None:  # noqa: ANN001
+    iso, sim = separate_day
+    out = run_eod(iso.settings, DATE)
+    assert out["source"] == "kafka" and out["validation_success"] is True, out["validation"]
+    v = out["validation"]
+    assert v["skipped"] == {}  # both site ledgers and Kafka were reconciled
+    assert v["checks"] >= 40
+    facts = json.loads(Path(out["report_json"]).read_text())
+    assert facts["trades"] == sim["trades"]
+    assert set(facts["ledgers"]) == {"a", "b"}
+    assert sum(facts["ledgers"]["a"]["dead_letters_by_reason"].values()) == \
+        sim["malformed_injected"]
+    with connect(iso.settings.settlement_dsn) as conn:
+        run = conn.execute("select status, validation_success, report_path from settlement_runs"
+                           " where run_id = %s", (out["run_id"],)).fetchone()
+        stored = conn.execute("select report_json->>'trades' from audit_reports"
+                              " where run_id = %s", (out["run_id"],)).fetchone()
+    assert run == ("succeeded", True, out["report_path"])
+    assert stored == (str(sim["trades"]),)
+
+    shot = ARTIFACTS / "audit-report.png"
+    dom = chromium(Path(out["report_path"]).as_uri(), tmp_path, screenshot=shot)
+    assert "VALIDATION PASSED" in dom
+    assert f'data-kpi="trades settled">{sim["trades"]:,}<' in dom
+    eff = f"{float(out['netting_efficiency']) * 100:.2f}%"
+    assert f'data-kpi="netting efficiency">{eff}<' in dom
+    assert "Kafka is reachable and holds the whole day" in dom
+    assert "<svg" in dom and "site a" in dom and "site b" in dom
+    assert shot.stat().st_size > 20_000
+
+
+def test_a_site_missing_a_trade_fails_validation_and_names_it(separate_day) -> None:  # noqa: ANN001
+    iso, _ = separate_day
+    with connect(iso.settings.ledger_dsn("a")) as conn:
+        lost = conn.execute("delete from trades where trade_id = (select min(trade_id)"
+                            " from trades) returning trade_id").fetchone()[0]
+        conn.commit()
+    out = run_eod(iso.settings, DATE, source="db")
+    # Ledger b is still complete, so settlement reads it; the site reconciliation fails.
+    assert out["ledgers"] == ["b"]
+    assert out["validation_success"] is False
+    failures = out["validation"]["failures"]
+    named = [f for f in failures if f["suite"] == "reconcile_site_a_b"]
+    assert named and named[0]["examples"][0]["trade_id"] == lost
+    with connect(iso.settings.settlement_dsn) as conn:
+        status, error = conn.execute("select status, error from settlement_runs"
+                                     " where run_id = %s", (out["run_id"],)).fetchone()
+    assert (status, error) == ("failed", "validation failed")
+    html = Path(out["report_path"]).read_text()
+    assert "VALIDATION FAILED" in html and lost in html
+
+    # The CLI says the same and exits non-zero.
+    res = subprocess.run([sys.executable, "-m", "settlement.cli", "validate", "--date", DATE,
+                          "--source", "db", "--json"], env=iso.env, capture_output=True,
+                         text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 1, res.stderr[-2000:]
+    body = last_json(res.stdout)
+    assert body["ok"] is False and "reconcile_site_a_b" in body["error"]
+    assert any(lost in json.dumps(f["examples"]) for f in body["failures"])
+
+
+def test_failover_events_from_heartbeats() -> None:
+    import datetime as dt
+
+    t = dt.datetime(2026, 11, 26, 14, 0, tzinfo=dt.UTC)
+    s = dt.timedelta(seconds=1)
+    beats = [("a", t, [0, 1, 2]), ("a", t + s, [0, 1, 2]),
+             ("b", t, [3, 4, 5]), ("b", t + s, [3, 4, 5]), ("b", t + 9 * s, [0, 1, 2, 3, 4, 5])]
+    events = failover_events(beats)
+    kinds = [(e["site"], e["event"]) for e in events]
+    assert ("b", "silent") in kinds and ("b", "partitions") in kinds
+    moved = next(e for e in events if e["event"] == "partitions")
+    assert moved["detail"] == "[3, 4, 5] -> [0, 1, 2, 3, 4, 5]"
