@@ -7,6 +7,7 @@ transaction, so running a date twice gives the same tables.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -67,12 +68,16 @@ def write_results(settings: Settings, trade_date: str, tables: dict[str, list[tu
 
 
 def run_eod(settings: Settings, trade_date: str, source: str = "auto",
-            validate: bool = True) -> dict[str, Any]:
+            validate: bool = True, reason: str | None = None) -> dict[str, Any]:
+    """Settle one date. ``reason``: when a caller (the DAG's branch) already chose the source,
+    its reason is what the run records."""
     from settlement.spark.job import settle
     from settlement.spark.session import build_session
 
     t0 = time.perf_counter()
     choice = choose_source(settings, trade_date, source)
+    if reason:
+        choice = dataclasses.replace(choice, reason=reason)
     run_id = start_run(settings, trade_date, choice)
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     result = None

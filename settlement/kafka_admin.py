@@ -11,7 +11,9 @@ from settlement.config import Settings
 def admin_client(settings: Settings) -> Any:
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({**settings.kafka_client_config(), "log_level": 3})
+    # Quiet: an unreachable broker is reported by the caller (e.g. as the fallback reason);
+    # librdkafka would otherwise print a connection error to stderr every few milliseconds.
+    return AdminClient({**settings.kafka_client_config(), "log_level": 0})
 
 
 def ensure_topic(settings: Settings, brokers: int | None = None, timeout: float = 30) -> str:

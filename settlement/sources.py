@@ -61,6 +61,13 @@ class SourceChoice:
                 "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
                 "ledgers": list(self.ledgers), "partitions": self.partitions}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SourceChoice:
+        """The choice a run recorded (settlement_runs.offsets), to re-read the same data."""
+        return cls(d["source"], d["source_reason"],
+                   {int(p): (int(r[0]), int(r[1])) for p, r in d["kafka_ranges"].items()},
+                   tuple(d["ledgers"]), int(d["partitions"]))
+
 
 class NoSource(RuntimeError):
     """Neither Kafka nor any ledger can provide the trade date."""

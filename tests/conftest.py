@@ -7,6 +7,7 @@ them, state and ports are the test ones (the Makefile's TEST_ENV sets the same v
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,12 @@ os.environ.setdefault("SETTLE_KAFKA_CONTROLLER_PORT", "29192")
 os.environ.setdefault("SETTLE_PG_PORT", "25432")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Airflow reads its configuration at import time: a private home with SQLite, our DAGs only.
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".state" / "test" / "airflow"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
+# spark-submit (SparkSubmitOperator) and the settle CLI live next to this interpreter.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 from settlement.config import Settings, load_settings  # noqa: E402
 

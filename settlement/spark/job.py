@@ -194,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--date", required=True, type=check_date)
     ap.add_argument("--source", choices=["auto", "kafka", "db"], default="auto")
     ap.add_argument("--no-validate", action="store_true")
+    ap.add_argument("--reason", default=None,
+                    help="why the caller chose --source (recorded instead of 'requested')")
     args = ap.parse_args(argv)
-    out = run_eod(load_settings(), args.date, source=args.source, validate=not args.no_validate)
+    out = run_eod(load_settings(), args.date, source=args.source, validate=not args.no_validate,
+                  reason=args.reason)
     print(json.dumps(out, default=str), flush=True)
     return 0 if out.get("status") == "succeeded" else 1
 

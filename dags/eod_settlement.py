@@ -1,0 +1,113 @@
+"""
+### End-of-day settlement
+
+Weekdays after the market close (`SETTLE_EOD_CRON`, default `30 16 * * 1-5`, in
+`SETTLE_EOD_TIMEZONE`, default `America/New_York`) this DAG settles one trade date:
+
+1. **wait_for_close**: a reschedule-mode sensor until a ledger holds every partition's
+   market-close marker for the day;
+2. **choose_source**: Kafka when it holds the whole day, else the ledger database; the
+   reason is in this task's log and its `source_reason` XCom;
+3. **settle_from_kafka / settle_from_db**: the PySpark job via `spark-submit` on the
+   `spark_default` connection (master `local[2]` embedded, a cluster in production);
+4. **validate_and_report**: Great Expectations (no trade lost, none duplicated, sites
+   reconcile, netting balances) and the audit report (HTML + JSON, also in PostgreSQL);
+5. **publish_report**: names the report; fails the run if validation failed.
+
+Params: `trade_date` (YYYY-MM-DD, default: the scheduled day) and `source` (auto|kafka|db).
+Connections: `kafka_default`, `settlement_db`, `ledger_a`, `ledger_b`, `ledger_shared`,
+`spark_default`. Logic lives in `settlement.orchestration`; reruns of a date are idempotent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pendulum
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, PokeReturnValue, dag, task
+
+from settlement import orchestration as orch
+
+SETTLE = "{{ ti.xcom_pull(task_ids='prepare') }}"
+
+
+@dag(
+    dag_id="eod_settlement",
+    schedule=orch.EOD_CRON,
+    start_date=pendulum.datetime(2026, 1, 1, tz=orch.EOD_TIMEZONE),
+    catchup=False,
+    max_active_runs=1,
+    render_template_as_native_obj=True,
+    tags=["settlement", "eod"],
+    doc_md=__doc__,
+    default_args={"retries": 2, "retry_delay": dt.timedelta(minutes=1),
+                  "execution_timeout": dt.timedelta(hours=1), "owner": "operations"},
+    params={
+        "trade_date": Param(None, type=["null", "string"], format="date",
+                            description="YYYY-MM-DD; empty = the scheduled day"),
+        "source": Param("auto", enum=["auto", "kafka", "db"],
+                        description="auto: Kafka if it holds the whole day"),
+    },
+)
+def eod_settlement() -> None:
+    @task
+    def prepare(params: dict, logical_date: dt.datetime | None = None) -> dict:
+        settings = orch.settings_from_airflow()
+        return {"trade_date": orch.trade_date_for(params, logical_date),
+                "env": orch.settle_env(settings), "jars": orch.spark_jars_csv(settings)}
+
+    @task.sensor(poke_interval=30, timeout=6 * 3600, mode="reschedule", retries=0)
+    def wait_for_close(job: dict) -> PokeReturnValue:
+        done, why = orch.close_markers_in(orch.settings_from_airflow(), job["trade_date"])
+        print(why)
+        return PokeReturnValue(is_done=done, xcom_value=job["trade_date"])
+
+    @task.branch
+    def choose_source(day: str, params: dict, ti=None) -> str:  # noqa: ANN001
+        from settlement.sources import choose_source as choose
+
+        choice = choose(orch.settings_from_airflow(), day, params["source"])
+        print(f"source: {choice.source} -- {choice.reason}")
+        ti.xcom_push(key="source_reason", value=choice.reason)
+        return f"settle_from_{choice.source}"
+
+    def settle(source: str) -> SparkSubmitOperator:
+        return SparkSubmitOperator(
+            task_id=f"settle_from_{source}",
+            conn_id="spark_default",
+            application=str(orch.JOB),
+            name=f"settlement-{source}",
+            application_args=[
+                "--date", "{{ ti.xcom_pull(task_ids='wait_for_close') }}",
+                "--source", source, "--no-validate", "--reason",
+                "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}"],
+            jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
+            env_vars="{{ ti.xcom_pull(task_ids='prepare')['env'] }}",
+            conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
+        )
+
+    @task(trigger_rule="none_failed_min_one_success")
+    def validate_and_report(day: str) -> dict:
+        from settlement.validation.gather import validate_stored_run
+
+        out = validate_stored_run(orch.settings_from_airflow(), day)
+        return {k: out[k] for k in ("run_id", "trade_date", "source", "source_reason",
+                                    "trades", "validation_success", "report_path")} | {
+            "failures": [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
+                         for f in out["validation"]["failures"]]}
+
+    @task
+    def publish_report(outcome: dict) -> str:
+        return orch.publish_report(outcome)
+
+    job = prepare()
+    day = wait_for_close(job)
+    branch = choose_source(day)
+    settled = [settle("kafka"), settle("db")]
+    checked = validate_and_report(day)
+    branch >> settled >> checked
+    publish_report(checked)
+
+
+eod_settlement()

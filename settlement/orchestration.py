@@ -1,0 +1,134 @@
+"""What the Airflow DAGs call. DAG files stay thin: wiring only, logic here.
+
+Airflow connections (by conn_id) say where things are; tasks turn them into ``Settings``:
+
+- ``kafka_default``: conn_type kafka, extra ``{"bootstrap.servers": "host:port,..."}``
+- ``settlement_db``, ``ledger_a``, ``ledger_b``, ``ledger_shared``: PostgreSQL URIs
+- ``spark_default``: conn_type spark, host = the master URL (``local[2]`` embedded)
+
+``airflow_connections`` renders these as ``AIRFLOW_CONN_*`` environment variables for the
+embedded services (used by ``make airflow`` and the DAG tests).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+from typing import Any
+
+from settlement.config import REPO_ROOT, Settings, load_settings
+
+LEDGER_CONNS = {"a": "ledger_a", "b": "ledger_b", "shared": "ledger_shared"}
+EOD_CRON = os.environ.get("SETTLE_EOD_CRON", "30 16 * * 1-5")  # weekdays after the close
+EOD_TIMEZONE = os.environ.get("SETTLE_EOD_TIMEZONE", "America/New_York")
+JOB = REPO_ROOT / "settlement" / "spark" / "job.py"
+
+
+def _pg_uri(dsn: str) -> str:
+    return dsn.replace("postgresql://", "postgres://", 1)
+
+
+def airflow_connections(settings: Settings) -> dict[str, str]:
+    """AIRFLOW_CONN_* values pointing at the services this configuration uses."""
+    conns = {
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
+            "conn_type": "kafka",
+            "extra": {"bootstrap.servers": settings.bootstrap(),
+                      "security.protocol": settings.kafka_security_protocol}}),
+        "AIRFLOW_CONN_SETTLEMENT_DB": _pg_uri(settings.settlement_dsn),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({
+            "conn_type": "spark", "host": settings.spark_master,
+            "extra": {"deploy-mode": "client", "spark-binary": "spark-submit"}}),
+    }
+    for ledger, conn_id in LEDGER_CONNS.items():
+        conns[f"AIRFLOW_CONN_{conn_id.upper()}"] = _pg_uri(settings.ledger_dsn(ledger))
+    return conns
+
+
+def settings_from_airflow() -> Settings:
+    """Settings for a task: the SETTLE_ environment, overridden by the Airflow connections."""
+    from airflow.sdk import BaseHook
+
+    def uri(conn_id: str) -> str:
+        return BaseHook.get_connection(conn_id).get_uri().replace("postgres://",
+                                                                  "postgresql://", 1)
+
+    kafka = BaseHook.get_connection("kafka_default").extra_dejson
+    spark = BaseHook.get_connection("spark_default")
+    overrides: dict[str, Any] = {
+        "kafka_bootstrap": kafka["bootstrap.servers"],
+        "pg_dsn": uri("settlement_db"),
+        "spark_master": spark.host or "local[2]",
+        **{f"ledger_{led}_dsn": uri(cid) for led, cid in LEDGER_CONNS.items()},
+    }
+    return load_settings(**overrides)
+
+
+def settle_env(settings: Settings) -> dict[str, str]:
+    """Environment for the spark-submit'ed job: the same services, the same Python."""
+    env = {
+        "SETTLE_KAFKA_BOOTSTRAP": settings.bootstrap(),
+        "SETTLE_PG_DSN": settings.settlement_dsn,
+        "SETTLE_TOPIC": settings.topic,
+        "SETTLE_PARTITIONS": str(settings.partitions),
+        "SETTLE_SPARK_MASTER": settings.spark_master,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
+        "GX_ANALYTICS_ENABLED": "false",
+        "PATH": os.environ.get("PATH", ""),
+    }
+    for ledger in LEDGER_CONNS:
+        env[f"SETTLE_LEDGER_{ledger.upper()}_DSN"] = settings.ledger_dsn(ledger)
+    return env
+
+
+def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None) -> str:
+    """The business date of a run: the ``trade_date`` param, else the scheduled day in the
+    exchange's time zone (a 16:30 New York run settles that New York day)."""
+    if params.get("trade_date"):
+        from settlement.config import check_date
+
+        return check_date(str(params["trade_date"]))
+    import pendulum
+
+    when = pendulum.instance(logical_date or dt.datetime.now(dt.UTC))
+    return when.in_timezone(EOD_TIMEZONE).date().isoformat()
+
+
+def close_markers_in(settings: Settings, trade_date: str) -> tuple[bool, str]:
+    """Sensor check: some ledger holds every partition's close marker for the day."""
+    from settlement.config import LEDGERS
+    from settlement.sources import ledger_state
+
+    seen = []
+    for name in LEDGERS:
+        st = ledger_state(settings, name, trade_date)
+        if st is not None:
+            seen.append(f"{name}: {len(st.markers)}/{settings.partitions}")
+            if len(st.markers) >= settings.partitions:
+                return True, f"ledger {name} has all {settings.partitions} close markers"
+    return False, "waiting for close markers (" + ", ".join(seen) + ")"
+
+
+def spark_jars_csv(settings: Settings) -> str:
+    from settlement.spark.session import spark_jars
+
+    return ",".join(spark_jars(settings))
+
+
+def publish_report(outcome: dict[str, Any]) -> str:
+    """Say where the audit report is; fail the run when validation failed (the report, already
+    written, says why)."""
+    from airflow.exceptions import AirflowFailException
+
+    path = outcome["report_path"]
+    print(f"audit report for {outcome['trade_date']} (run {outcome['run_id']}): {path}")
+    print(f"source: {outcome['source']} -- {outcome['source_reason']}")
+    if not outcome["validation_success"]:
+        raise AirflowFailException(
+            f"validation failed for {outcome['trade_date']}: "
+            + "; ".join(outcome["failures"]) + f" -- see {path}")
+    return path
