@@ -14,7 +14,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432
 
-.PHONY: help setup browser env jars up down status migrate test test-down lint demo bench clean
+.PHONY: help setup browser env jars up down status migrate test test-down lint demo airflow bench clean
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -73,6 +73,10 @@ test-down:
 
 demo: setup
 	$(SETTLE) demo
+
+# Airflow's UI on our DAGs and the embedded services (AIRFLOW_PORT=8080 by default).
+airflow: setup
+	$(PY) -m settlement.airflow_ui
 
 bench: setup
 	$(PY) benchmarks/ingest.py
