@@ -9,19 +9,15 @@ namespace at every run.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from settlement.config import REPO_ROOT, Settings, load_settings
-
-DEMO_TOPIC = "demo_trades"
-
+from settlement.config import Settings, load_settings
+from settlement.namespace import namespace_env, reset_namespace
+from settlement.runner import spawn_settle, wait
 
 @dataclass(frozen=True)
 class DemoOptions:
@@ -33,59 +29,6 @@ class DemoOptions:
     kill_at: float = 0.4  # fraction of the day after which site A is SIGKILLed
 
 
-def demo_env(base: Settings) -> dict[str, str]:
-    """Environment overrides that put every command of the demo in its own namespace."""
-    return {
-        "SETTLE_TOPIC": DEMO_TOPIC,
-        "SETTLE_PG_DSN": base.embedded_dsn("demo_settlement"),
-        "SETTLE_LEDGER_A_DSN": base.embedded_dsn("demo_ledger_a"),
-        "SETTLE_LEDGER_B_DSN": base.embedded_dsn("demo_ledger_b"),
-        "SETTLE_LEDGER_SHARED_DSN": base.embedded_dsn("demo_ledger_shared"),
-    }
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
-def _reset(settings: Settings) -> None:
-    """Drop and recreate the demo topic and databases."""
-    import psycopg
-
-    from settlement.db import migrate_database
-    from settlement.kafka_admin import admin_client, ensure_topic
-
-    admin = admin_client(settings)
-    if settings.topic in admin.list_topics(timeout=10).topics:
-        admin.delete_topics([settings.topic], operation_timeout=30)[settings.topic].result(30)
-        deadline = time.monotonic() + 30
-        while (settings.topic in admin.list_topics(timeout=10).topics
-               and time.monotonic() < deadline):
-            time.sleep(0.2)
-    with psycopg.connect(settings.embedded_dsn("postgres"), autocommit=True) as conn:
-        for dsn in settings.all_dsns().values():
-            db = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-            conn.execute(f'drop database if exists "{db}" with (force)')  # type: ignore[arg-type]
-            conn.execute(f'create database "{db}"')  # type: ignore[arg-type]
-    for dsn in settings.all_dsns().values():
-        migrate_database(dsn)
-    ensure_topic(settings)
-
-
-def _spawn(args: list[str], env: dict[str, str], log: str) -> subprocess.Popen[str]:
-    out = open(log, "w")  # noqa: SIM115 - closed when the process object goes away
-    return subprocess.Popen([sys.executable, "-m", "settlement.cli", *args, "--json"],
-                            env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO_ROOT)
-
-
-def _last_json(path: str) -> dict[str, Any]:
-    lines = [ln for ln in open(path).read().splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {}
-
-
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from settlement import services
     from settlement.checker import check_ledger, read_kafka_day
@@ -95,10 +38,11 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     con.rule("[bold]dual-site settlement demo")
     con.print("1/5 starting embedded PostgreSQL and Kafka...")
     services.up(base)
-    env = {**os.environ, **demo_env(base), "SETTLE_BATCH_SIZE": "2000"}
-    os.environ.update(demo_env(base))
+    names = namespace_env(base, "demo")
+    env = {**os.environ, **names, "SETTLE_BATCH_SIZE": "2000"}
+    os.environ.update(names)
     settings = load_settings()
-    _reset(settings)
+    reset_namespace(settings)
     logs = settings.state_dir / "demo"
     logs.mkdir(parents=True, exist_ok=True)
 
@@ -106,28 +50,20 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
               f"scheme [bold]{opts.scheme}[/], both sites consuming")
     site_args = ["site", "run", "--scheme", opts.scheme, "--until-close",
                  "--date", opts.trade_date, "--max-seconds", "600"]
-    a = _spawn([*site_args, "--site", "a"], env, str(logs / "site-a.log"))
-    b = _spawn([*site_args, "--site", "b"], env, str(logs / "site-b.log"))
-    gw = _spawn(["simulate", "--date", opts.trade_date, "--trades", str(opts.trades),
-                 "--seed", str(opts.seed), "--dup-rate", "0.01", "--bad-rate", "0.001",
-                 "--abort-rate", "0.1", "--rate", str(opts.rate)], env,
-                str(logs / "gateway.log"))
+    a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a.log")
+    b = spawn_settle([*site_args, "--site", "b"], env, logs / "site-b.log")
+    gw = spawn_settle(["simulate", "--date", opts.trade_date, "--trades", str(opts.trades),
+                       "--seed", str(opts.seed), "--dup-rate", "0.01", "--bad-rate", "0.001",
+                       "--abort-rate", "0.1", "--rate", str(opts.rate)], env,
+                      logs / "gateway.log")
     day_seconds = opts.trades / opts.rate
     time.sleep(max(2.0, day_seconds * opts.kill_at))
     a.send_signal(signal.SIGKILL)
     killed_at = time.time()
     con.print(f"3/5 [red]site A killed[/] (SIGKILL) {opts.kill_at:.0%} into the day; "
               "site B carries on")
-    for proc, what in ((gw, "gateway"), (b, "site B")):
-        try:
-            proc.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise RuntimeError(f"{what} did not finish; see {logs}") from None
-        if proc.returncode != 0:
-            raise RuntimeError(f"{what} failed (exit {proc.returncode}); see {logs}")
-    sim = _last_json(str(logs / "gateway.log"))
-    site_b = _last_json(str(logs / "site-b.log"))
+    sim = wait(gw, "gateway", logs / "gateway.log", 600)
+    site_b = wait(b, "site B", logs / "site-b.log", 600)
 
     con.print("4/5 checking the ledger against an independent read of Kafka...")
     survivor = settings.site_ledger("b", opts.scheme)

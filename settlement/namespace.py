@@ -1,0 +1,61 @@
+"""A private namespace on shared services: its own topic and databases.
+
+The demo and failover drills run next to whatever else uses the same Kafka and PostgreSQL;
+a namespace (``<prefix>_trades``, ``<prefix>_settlement``, ``<prefix>_ledger_a`` ...) keeps
+their data apart and lets them start from nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from settlement.config import Settings
+
+
+def namespace_env(base: Settings, prefix: str) -> dict[str, str]:
+    """SETTLE_ overrides that put every command in the namespace (same servers as ``base``)."""
+    def dsn(name: str) -> str:
+        return psycopg.conninfo.make_conninfo(base.settlement_dsn, dbname=f"{prefix}_{name}")
+
+    return {
+        "SETTLE_TOPIC": f"{prefix}_trades",
+        "SETTLE_PG_DSN": dsn("settlement"),
+        "SETTLE_LEDGER_A_DSN": dsn("ledger_a"),
+        "SETTLE_LEDGER_B_DSN": dsn("ledger_b"),
+        "SETTLE_LEDGER_SHARED_DSN": dsn("ledger_shared"),
+    }
+
+
+def _databases(settings: Settings) -> list[str]:
+    return [str(psycopg.conninfo.conninfo_to_dict(d)["dbname"])
+            for d in settings.all_dsns().values()]
+
+
+def drop_namespace(settings: Settings) -> None:
+    from settlement.kafka_admin import admin_client
+
+    admin = admin_client(settings)
+    if settings.topic in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([settings.topic], operation_timeout=30)[settings.topic].result(30)
+        deadline = time.monotonic() + 30
+        while (settings.topic in admin.list_topics(timeout=10).topics
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+    maint = psycopg.conninfo.make_conninfo(settings.settlement_dsn, dbname="postgres")
+    with psycopg.connect(maint, autocommit=True) as conn:
+        for db in _databases(settings):
+            conn.execute(f'drop database if exists "{db}" with (force)')  # type: ignore[arg-type]
+
+
+def reset_namespace(settings: Settings) -> None:
+    """Drop and recreate the namespace's topic and databases, migrated."""
+    from settlement.db import ensure_database, migrate_database
+    from settlement.kafka_admin import ensure_topic
+
+    drop_namespace(settings)
+    for dsn in settings.all_dsns().values():
+        ensure_database(dsn)
+        migrate_database(dsn)
+    ensure_topic(settings)

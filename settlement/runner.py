@@ -1,0 +1,39 @@
+"""Running `settle` commands as real child processes (sites, gateway) and reading their JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from settlement.config import REPO_ROOT
+
+
+def spawn_settle(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    """Start ``settle ARGS --json`` with stdout and stderr into ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "w")  # noqa: SIM115 - the child owns it; closed when the child exits
+    return subprocess.Popen([sys.executable, "-m", "settlement.cli", *args, "--json"],
+                            env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO_ROOT)
+
+
+def last_json(log: Path) -> dict[str, Any]:
+    """The last JSON object a `settle --json` process printed (empty if none)."""
+    lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def wait(proc: subprocess.Popen[str], what: str, log: Path, timeout: float) -> dict[str, Any]:
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise RuntimeError(f"{what} did not finish within {timeout:.0f}s; see {log}") from None
+    if proc.returncode != 0:
+        tail = "\n    ".join(log.read_text(errors="replace").splitlines()[-8:])
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}); last lines of {log}:\n"
+                           f"    {tail}")
+    return last_json(log)
