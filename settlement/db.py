@@ -32,6 +32,16 @@ def connect(dsn: str, *, autocommit: bool = False, timeout: int = 10) -> psycopg
         raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
 
 
+def with_dbname(dsn: str, dbname: str) -> str:
+    """The same server and credentials, another database (URL form kept as a URL)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if dsn.startswith(("postgresql://", "postgres://")):
+        parts = urlsplit(dsn)
+        return urlunsplit(parts._replace(path=f"/{dbname}"))
+    return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
+
+
 def redact(dsn: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
 
@@ -125,8 +135,7 @@ def ensure_database(dsn: str) -> bool:
     except psycopg.OperationalError as e:
         if "does not exist" not in str(e):
             raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
-    maint = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
-    with connect(maint, autocommit=True) as conn:
+    with connect(with_dbname(dsn, "postgres"), autocommit=True) as conn:
         conn.execute(f'create database "{dbname}"')  # type: ignore[arg-type]
     return True
 
@@ -172,8 +181,8 @@ def normalise_dump(text: str) -> str:
 
 def write_schema_file(settings: Settings) -> str:
     """Regenerate sql/schema.sql from a scratch database migrated from empty."""
-    scratch = psycopg.conninfo.make_conninfo(settings.settlement_dsn, dbname="schema_scratch")
-    maint = psycopg.conninfo.make_conninfo(settings.settlement_dsn, dbname="postgres")
+    scratch = with_dbname(settings.settlement_dsn, "schema_scratch")
+    maint = with_dbname(settings.settlement_dsn, "postgres")
     with connect(maint, autocommit=True) as conn:
         conn.execute("drop database if exists schema_scratch")
         conn.execute("create database schema_scratch")

@@ -12,12 +12,13 @@ import time
 import psycopg
 
 from settlement.config import Settings
+from settlement.db import with_dbname
 
 
 def namespace_env(base: Settings, prefix: str) -> dict[str, str]:
     """SETTLE_ overrides that put every command in the namespace (same servers as ``base``)."""
     def dsn(name: str) -> str:
-        return psycopg.conninfo.make_conninfo(base.settlement_dsn, dbname=f"{prefix}_{name}")
+        return with_dbname(base.settlement_dsn, f"{prefix}_{name}")
 
     return {
         "SETTLE_TOPIC": f"{prefix}_trades",
@@ -43,8 +44,8 @@ def drop_namespace(settings: Settings) -> None:
         while (settings.topic in admin.list_topics(timeout=10).topics
                and time.monotonic() < deadline):
             time.sleep(0.2)
-    maint = psycopg.conninfo.make_conninfo(settings.settlement_dsn, dbname="postgres")
-    with psycopg.connect(maint, autocommit=True) as conn:
+    with psycopg.connect(with_dbname(settings.settlement_dsn, "postgres"),
+                         autocommit=True) as conn:
         for db in _databases(settings):
             conn.execute(f'drop database if exists "{db}" with (force)')  # type: ignore[arg-type]
 

@@ -59,24 +59,15 @@ class Isolated:
 
 @pytest.fixture
 def isolated(services: Settings) -> Iterator[Isolated]:
-    from settlement.db import ensure_database, migrate_database
-    from settlement.kafka_admin import ensure_topic
+    from settlement.namespace import drop_namespace, namespace_env, reset_namespace
 
     name = f"t{uuid.uuid4().hex[:10]}"
-    env = {
-        "SETTLE_TOPIC": f"trades_{name}",
-        "SETTLE_PG_DSN": services.embedded_dsn(f"settlement_{name}"),
-        **{f"SETTLE_LEDGER_{led.upper()}_DSN": services.embedded_dsn(f"ledger_{led}_{name}")
-           for led in ("a", "b", "shared")},
-    }
+    env = namespace_env(services, name)
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    settings = load_settings()
     try:
-        settings = load_settings()
-        for dsn in settings.all_dsns().values():
-            ensure_database(dsn)
-            migrate_database(dsn)
-        ensure_topic(settings)
+        reset_namespace(settings)
         yield Isolated(settings, {**os.environ}, name)
     finally:
         for k, v in old.items():
@@ -84,3 +75,7 @@ def isolated(services: Settings) -> Iterator[Isolated]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        try:
+            drop_namespace(settings)  # keep the shared services lean across the suite
+        except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
+            pass
