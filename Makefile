@@ -12,7 +12,7 @@ export GX_ANALYTICS_ENABLED := false
 export SPARK_LOCAL_IP := 127.0.0.1
 # The test suite runs its own services on other ports and state, never the dev ones.
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
-	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432
+	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup browser env jars up down status migrate test test-down lint demo airflow bench clean
 

@@ -20,6 +20,8 @@ os.environ.setdefault("SETTLE_STATE_DIR", str(ROOT / ".state" / "test"))
 os.environ.setdefault("SETTLE_KAFKA_PORT", "29092")
 os.environ.setdefault("SETTLE_KAFKA_CONTROLLER_PORT", "29192")
 os.environ.setdefault("SETTLE_PG_PORT", "25432")
+# Three brokers (replication 3, min.insync.replicas 2): the drills kill one of them.
+os.environ.setdefault("SETTLE_KAFKA_BROKERS", "3")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # Airflow reads its configuration at import time: a private home with SQLite, our DAGs only.
@@ -34,12 +36,13 @@ from settlement.config import Settings, load_settings  # noqa: E402
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Settings]:
-    """Embedded PostgreSQL + one-broker Kafka, migrated; stopped at the end if we started them."""
+    """Embedded PostgreSQL + three-broker Kafka, migrated; stopped at the end if we started
+    them."""
     from settlement import services as svc
     from settlement.db import migrate_all
 
     settings = load_settings()
-    result = svc.up(settings, brokers=1)
+    result = svc.up(settings)
     migrate_all(settings)
     try:
         yield settings

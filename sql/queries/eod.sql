@@ -52,3 +52,19 @@ delete from instrument_summary where trade_date = %(trade_date)s
 select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,
        net_cash, trade_count
 from positions where trade_date = %(trade_date)s
+
+-- name: stored_obligations
+select trade_date, account, buy_amount, sell_amount, net_cash, trade_count
+from cash_obligations where trade_date = %(trade_date)s
+
+-- name: stored_instruments
+select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price
+from instrument_summary where trade_date = %(trade_date)s
+
+-- name: latest_run
+select run_id, offsets, trades, duplicates_removed, malformed, gross_notional,
+       netting_efficiency, timings
+from settlement_runs
+where trade_date = %(trade_date)s and status = 'succeeded'
+order by run_id desc
+limit 1

@@ -1,0 +1,300 @@
+"""Failover drills: real gateway and sites, one injected fault, a Jepsen-style verdict.
+
+A drill runs in a private namespace (topic and ledgers of its own) on the configured
+services. The gateway publishes a paced trading day; sites A and B consume it in the chosen
+scheme; at a chosen fraction of the day one fault is injected:
+
+- ``kill``: SIGKILL site A (in the separate scheme it is restarted and resumes);
+- ``pause``: SIGSTOP site A for longer than the consumer session timeout, then SIGCONT; its
+  partitions move to B meanwhile, and the ledger's compare-and-set offsets refuse anything
+  stale A tries to write when it wakes (zombie fencing);
+- ``db-restart``: crash-restart PostgreSQL (immediate stop, no checkpoint) mid-batch;
+- ``broker-kill``: SIGKILL one broker of the three-node cluster while the gateway produces
+  with acks=all (it is restarted after the day).
+
+Then the day finishes and the checker compares an independent read_committed read of Kafka
+with the ledger(s): ``lost``, ``duplicated``, ``unexpected``, ``nonmonotonic``, plus the
+recovery time (RTO) and RPO (= trades lost).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from settlement.checker import check_ledger, read_kafka_day
+from settlement.config import Settings, load_settings
+from settlement.db import q
+from settlement.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.runner import spawn_settle, wait
+
+FAULTS = ("kill", "pause", "db-restart", "broker-kill")
+SCHEMES = ("separate", "shared")
+RTO_TARGET_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class DrillSpec:
+    scheme: str
+    fault: str
+    trades: int = 20_000
+    seed: int = 1
+    at: float = 0.4  # fraction of the trading day at which the fault hits
+    rate: int = 4_000  # trades/s the gateway publishes
+    trade_date: str = "2026-11-23"
+
+
+@dataclass
+class DrillResult:
+    spec: dict[str, Any]
+    lost: int
+    duplicated: int
+    unexpected: int
+    nonmonotonic: int
+    rto_seconds: float | None
+    rto_note: str
+    rpo_trades: int
+    ledger_trades: dict[str, int]
+    kafka_trades: int
+    fenced_batches: int
+    fault_at: str
+    seconds: float
+    examples: dict[str, Any] = field(default_factory=dict)
+    passed: bool = False
+    report_path: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _env(settings: Settings, ns: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, **ns,
+            # Small batches: many commits per second, so faults land between and inside them.
+            "SETTLE_BATCH_SIZE": "500",
+            "SETTLE_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
+            "SETTLE_HEARTBEAT_INTERVAL_MS": str(settings.heartbeat_interval_ms)}
+
+
+def _ledgers(spec: DrillSpec) -> list[str]:
+    return ["a", "b"] if spec.scheme == "separate" else ["shared"]
+
+
+def _nonmonotonic(conn: psycopg.Connection, trade_date: str) -> int:
+    row = conn.execute(q("drill", "nonmonotonic"), {"trade_date": trade_date}).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _partitions_of(conn: psycopg.Connection, site: str, before: dt.datetime) -> list[int]:
+    row = conn.execute(q("drill", "last_partitions"), {"site": site, "before": before}
+                       ).fetchone()
+    return list(row[0]) if row else []
+
+
+def _rto(settings: Settings, spec: DrillSpec, fault_at: dt.datetime
+         ) -> tuple[float | None, str]:
+    if spec.scheme == "separate" and spec.fault in ("kill", "pause"):
+        return 0.0, "separate scheme: site B consumes every partition all day (RTO 0 by design)"
+    dsn = settings.ledger_dsn(_ledgers(spec)[-1])
+    with psycopg.connect(dsn) as conn:
+        if spec.fault in ("kill", "pause"):
+            parts = _partitions_of(conn, "a", fault_at)
+            row = conn.execute(q("drill", "first_takeover"), {
+                "site": "b", "partitions": parts, "after": fault_at}).fetchone()
+            what = f"site B's first trade from site A's partitions {parts}"
+        else:
+            row = conn.execute(q("drill", "first_after"), {"after": fault_at}).fetchone()
+            what = "the first trade ingested after the fault"
+    if not row or row[0] is None:
+        return None, f"no recovery observed ({what})"
+    return round((row[0] - fault_at).total_seconds(), 3), f"fault -> {what}"
+
+
+def _inject(settings: Settings, spec: DrillSpec, site_a: Any) -> None:
+    from settlement.services.kafka import EmbeddedKafka
+    from settlement.services.postgres import EmbeddedPostgres
+
+    if spec.fault == "kill":
+        site_a.send_signal(signal.SIGKILL)
+    elif spec.fault == "pause":
+        site_a.send_signal(signal.SIGSTOP)
+        time.sleep(settings.session_timeout_ms / 1000 + 4)
+        site_a.send_signal(signal.SIGCONT)
+    elif spec.fault == "db-restart":
+        EmbeddedPostgres(settings).restart("immediate")
+    elif spec.fault == "broker-kill":
+        nodes = EmbeddedKafka(settings).nodes()
+        random.Random(spec.seed).choice(nodes[1:]).stop(kill=True)
+
+
+def _check_preconditions(settings: Settings, spec: DrillSpec) -> None:
+    if spec.scheme not in SCHEMES:
+        raise ValueError(f"--scheme: expected one of {', '.join(SCHEMES)}, got {spec.scheme!r}")
+    if spec.fault not in FAULTS:
+        raise ValueError(f"--fault: expected one of {', '.join(FAULTS)}, got {spec.fault!r}")
+    if not 0 < spec.at < 1:
+        raise ValueError(f"--at: expected a fraction of the day between 0 and 1, got {spec.at}")
+    if spec.fault == "db-restart" and settings.pg_dsn is not None:
+        raise ValueError("--fault db-restart restarts the embedded PostgreSQL; it cannot "
+                         "restart an external SETTLE_PG_DSN server")
+    if spec.fault == "broker-kill":
+        from settlement.services.kafka import EmbeddedKafka
+
+        if not settings.embedded_kafka or len(EmbeddedKafka(settings).running_nodes()) < 3:
+            raise ValueError("--fault broker-kill needs the embedded three-broker cluster: "
+                             "`settle services down && settle services up --brokers 3`")
+
+
+def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
+              log_dir: Path | None = None) -> DrillResult:
+    from settlement import services
+
+    base = base or load_settings()
+    _check_preconditions(base, spec)
+    started = time.monotonic()
+    name = f"drill_{uuid.uuid4().hex[:8]}"
+    ns = namespace_env(base, name)
+    settings = base.model_copy(update={
+        "topic": ns["SETTLE_TOPIC"], "pg_dsn": ns["SETTLE_PG_DSN"],
+        **{f"ledger_{x}_dsn": ns[f"SETTLE_LEDGER_{x.upper()}_DSN"] for x in ("a", "b", "shared")}})
+    reset_namespace(settings)
+    env = _env(base, ns)
+    logs = log_dir or base.state_dir / "drills" / name
+    site_args = ["site", "run", "--scheme", spec.scheme, "--until-close", "--date",
+                 spec.trade_date, "--max-seconds", "600"]
+    a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a.log")
+    b = spawn_settle([*site_args, "--site", "b"], env, logs / "site-b.log")
+    time.sleep(3)  # both sites join the group before trading starts
+    gw = spawn_settle(["simulate", "--date", spec.trade_date, "--trades", str(spec.trades),
+                       "--seed", str(spec.seed), "--dup-rate", "0.01", "--bad-rate", "0.002",
+                       "--abort-rate", "0.1", "--rate", str(spec.rate)], env,
+                      logs / "gateway.log")
+    time.sleep(spec.trades / spec.rate * spec.at)
+    fault_at = dt.datetime.now(dt.UTC)
+    _inject(base, spec, a)
+    sim = wait(gw, "gateway", logs / "gateway.log", 600)
+    outputs = []
+    if spec.fault == "kill":
+        a.wait(timeout=30)
+        if spec.scheme == "separate":  # its own ledger only completes if it comes back
+            a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a-restarted.log")
+            outputs.append(wait(a, "restarted site A", logs / "site-a-restarted.log", 600))
+    else:
+        outputs.append(wait(a, "site A", logs / "site-a.log", 600))
+    outputs.append(wait(b, "site B", logs / "site-b.log", 600))
+    if spec.fault == "broker-kill":
+        services.up(base)  # bring the killed broker back for whatever runs next
+
+    day = read_kafka_day(settings, spec.trade_date)
+    lost = duplicated = unexpected = nonmono = 0
+    rows: dict[str, int] = {}
+    examples: dict[str, Any] = {}
+    for ledger in _ledgers(spec):
+        res = check_ledger(settings.ledger_dsn(ledger), day, settings.topic)
+        with psycopg.connect(settings.ledger_dsn(ledger)) as conn:
+            nonmono += _nonmonotonic(conn, spec.trade_date)
+        lost += len(res.lost)
+        duplicated += len(res.duplicated)
+        unexpected += len(res.unexpected)
+        rows[ledger] = res.ledger_rows
+        if not res.ok:
+            examples[ledger] = res.as_dict()["examples"]
+    rto, note = _rto(settings, spec, fault_at)
+    result = DrillResult(
+        spec=asdict(spec), lost=lost, duplicated=duplicated, unexpected=unexpected,
+        nonmonotonic=nonmono, rto_seconds=rto, rto_note=note, rpo_trades=lost,
+        ledger_trades=rows, kafka_trades=len(day.trade_ids),
+        fenced_batches=sum(int(o.get("fenced", 0)) for o in outputs),
+        fault_at=fault_at.isoformat(), seconds=round(time.monotonic() - started, 1),
+        examples=examples)
+    result.passed = (lost == duplicated == unexpected == nonmono == 0
+                     and len(day.trade_ids) == sim.get("trades")
+                     and (rto is not None and (spec.scheme == "separate"
+                                               or spec.fault not in ("kill", "pause")
+                                               or rto <= RTO_TARGET_SECONDS)))
+    result.report_path = str(write_drill_page([result], logs / "drill.html"))
+    if result.passed and not keep:
+        drop_namespace(settings)
+    return result
+
+
+def run_campaign(runs: int, seed: int, trades: int = 15_000, base: Settings | None = None,
+                 faults: tuple[str, ...] = FAULTS) -> list[DrillResult]:
+    """Random scheme, fault and timing per run; every fault type at least once when
+    ``runs >= len(faults)``."""
+    rng = random.Random(seed)
+    plan = [faults[i % len(faults)] for i in range(runs)]
+    rng.shuffle(plan)
+    out = []
+    for i, fault in enumerate(plan):
+        spec = DrillSpec(scheme=rng.choice(SCHEMES), fault=fault, trades=trades,
+                         seed=rng.randrange(1_000_000), at=round(rng.uniform(0.2, 0.7), 2))
+        print(f"drill {i + 1}/{runs}: {spec.scheme} / {spec.fault} at {spec.at:.0%} ...",
+              flush=True)
+        out.append(run_drill(spec, base))
+    return out
+
+
+def summary(results: list[DrillResult]) -> dict[str, Any]:
+    return {
+        "runs": len(results), "passed": sum(r.passed for r in results),
+        "lost": sum(r.lost for r in results), "duplicated": sum(r.duplicated for r in results),
+        "unexpected": sum(r.unexpected for r in results),
+        "nonmonotonic": sum(r.nonmonotonic for r in results),
+        "max_shared_kill_rto_seconds": max(
+            (r.rto_seconds or 0 for r in results
+             if r.spec["scheme"] == "shared" and r.spec["fault"] in ("kill", "pause")),
+            default=None),
+        "drills": [_row(r) for r in results],
+    }
+
+
+def _row(r: DrillResult) -> dict[str, Any]:
+    return {"scheme": r.spec["scheme"], "fault": r.spec["fault"], "at": r.spec["at"],
+            "trades": r.kafka_trades, "lost": r.lost, "duplicated": r.duplicated,
+            "unexpected": r.unexpected, "nonmonotonic": r.nonmonotonic,
+            "rto_seconds": r.rto_seconds, "fenced": r.fenced_batches, "passed": r.passed}
+
+
+def markdown(results: list[DrillResult], command: str) -> str:
+    s = summary(results)
+    head = ("| scheme | fault | at | trades | lost | duplicated | unexpected | nonmonotonic "
+            "| RTO s | fenced batches | passed |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [f"| {d['scheme']} | {d['fault']} | {d['at']:.0%} | {d['trades']} | {d['lost']} | "
+             f"{d['duplicated']} | {d['unexpected']} | {d['nonmonotonic']} | "
+             f"{d['rto_seconds']} | {d['fenced']} | {'yes' if d['passed'] else '**no**'} |"
+             for d in s["drills"]]
+    return "\n".join([
+        f"Command: `{command}`", "",
+        f"{s['passed']}/{s['runs']} drills passed; lost {s['lost']}, duplicated "
+        f"{s['duplicated']}, unexpected {s['unexpected']}, nonmonotonic {s['nonmonotonic']}; "
+        f"worst shared-scheme takeover RTO {s['max_shared_kill_rto_seconds']} s.", "",
+        head, *lines, ""])
+
+
+def write_drill_page(results: list[DrillResult], path: Path) -> Path:
+    from html import escape
+
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in _row(r).values()) + "</tr>"
+        for r in results)
+    heads = "".join(f"<th>{escape(k)}</th>" for k in _row(results[0]))
+    notes = "".join(f"<li>{escape(r.spec['scheme'])}/{escape(r.spec['fault'])}: "
+                    f"{escape(r.rto_note)}; examples: {escape(json.dumps(r.examples))}</li>"
+                    for r in results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "<!doctype html><meta charset=utf-8><title>Failover drill</title>"
+        "<style>body{font:14px system-ui;margin:2rem}td,th{border-bottom:1px solid #ddd;"
+        "padding:.3rem .6rem;text-align:left}</style>"
+        f"<h1>Failover drill</h1><table><tr>{heads}</tr>{rows}</table><ul>{notes}</ul>")
+    return path

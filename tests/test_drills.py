@@ -1,0 +1,43 @@
+"""Failover drills against live sites: a quick campaign, every fault type at least once."""
+
+from __future__ import annotations
+
+import pytest
+
+from settlement import drill
+from settlement.config import Settings
+
+pytestmark = pytest.mark.services
+
+
+def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None:
+    results = drill.run_campaign(runs=4, seed=7, trades=8000, base=services)
+    assert {r.spec["fault"] for r in results} == set(drill.FAULTS)
+    s = drill.summary(results)
+    assert (s["lost"], s["duplicated"], s["unexpected"], s["nonmonotonic"]) == (0, 0, 0, 0), s
+    for r in results:
+        assert r.kafka_trades == 8000, r.as_dict()
+        assert r.passed, r.as_dict()
+        assert r.rto_seconds is not None
+        if r.spec["scheme"] == "shared" and r.spec["fault"] in ("kill", "pause"):
+            assert r.rto_seconds <= drill.RTO_TARGET_SECONDS
+    md = drill.markdown(results, "pytest")
+    assert md.count("| yes |") == 4
+
+
+def test_shared_kill_takeover_is_fast(services: Settings) -> None:
+    res = drill.run_drill(drill.DrillSpec("shared", "kill", trades=8000, seed=3, at=0.5),
+                          services)
+    assert res.passed, res.as_dict()
+    assert 0 < res.rto_seconds <= drill.RTO_TARGET_SECONDS
+    assert "site B's first trade from site A's partitions" in res.rto_note
+
+
+def test_bad_drill_arguments_are_refused(services: Settings) -> None:
+    with pytest.raises(ValueError, match="--at"):
+        drill.run_drill(drill.DrillSpec("shared", "kill", at=1.5), services)
+    with pytest.raises(ValueError, match="--fault"):
+        drill.run_drill(drill.DrillSpec("shared", "flood"), services)
+    external = services.model_copy(update={"pg_dsn": "postgresql://x@db:5432/s"})
+    with pytest.raises(ValueError, match="cannot restart an external"):
+        drill.run_drill(drill.DrillSpec("shared", "db-restart"), external)
