@@ -1,8 +1,9 @@
 """
 ### End-of-day settlement
 
-Weekdays after the market close (`SETTLE_EOD_CRON`, default `30 16 * * 1-5`, in
-`SETTLE_EOD_TIMEZONE`, default `America/New_York`) this DAG settles one trade date:
+Weekdays after the market close (`SETTLE_EOD_CRON`, default `30 16 * * 1-5`, `none` for
+manual runs only, in `SETTLE_EOD_TIMEZONE`, default `America/New_York`) this DAG settles
+one trade date:
 
 1. **wait_for_close**: a reschedule-mode sensor until a ledger holds every partition's
    market-close marker for the day;

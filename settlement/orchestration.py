@@ -21,7 +21,9 @@ from typing import Any
 from settlement.config import REPO_ROOT, Settings, load_settings
 
 LEDGER_CONNS = {"a": "ledger_a", "b": "ledger_b", "shared": "ledger_shared"}
-EOD_CRON = os.environ.get("SETTLE_EOD_CRON", "30 16 * * 1-5")  # weekdays after the close
+# Weekdays after the close; "none" makes the DAG manual-only (runs triggered by hand/API).
+_CRON = os.environ.get("SETTLE_EOD_CRON", "30 16 * * 1-5")
+EOD_CRON: str | None = None if _CRON.strip().lower() in ("", "none") else _CRON
 EOD_TIMEZONE = os.environ.get("SETTLE_EOD_TIMEZONE", "America/New_York")
 JOB = REPO_ROOT / "settlement" / "spark" / "job.py"
 
@@ -132,3 +134,21 @@ def publish_report(outcome: dict[str, Any]) -> str:
             f"validation failed for {outcome['trade_date']}: "
             + "; ".join(outcome["failures"]) + f" -- see {path}")
     return path
+
+
+def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
+    """The failover_drill DAG's task: one drill; raises if it lost or duplicated anything."""
+    from airflow.exceptions import AirflowFailException
+
+    from settlement import drill
+
+    spec = drill.DrillSpec(scheme=params["scheme"], fault=params["fault"],
+                           trades=int(params["trades"]), seed=int(params["seed"]),
+                           at=float(params["at"]))
+    res = drill.run_drill(spec, settings_from_airflow())
+    out = drill.summary([res])["drills"][0] | {"rto_note": res.rto_note,
+                                              "report_path": res.report_path}
+    print(json.dumps(out, indent=2))
+    if not res.passed:
+        raise AirflowFailException(f"drill failed: {out}")
+    return out

@@ -41,16 +41,24 @@ def dags() -> dict:
     return bag.dags
 
 
+# Tasks allowed to run once, and why.
+NO_RETRY = {
+    "eod_settlement.wait_for_close": "a sensor: its timeout is its retry budget",
+    "failover_drill.run_drill": "a failed drill is a finding, not a flake to retry away",
+}
+
+
 def test_policies(dags: dict) -> None:
-    assert {"eod_settlement"} <= set(dags)
+    assert {"eod_settlement", "failover_drill"} <= set(dags)
     for dag_id, dag in dags.items():
         assert dag.tags, f"{dag_id} has no tags"
         assert dag.doc_md and len(dag.doc_md) > 200, f"{dag_id} has no documentation"
         assert dag.catchup is False, f"{dag_id} would backfill"
+        assert dag.max_active_runs == 1, f"{dag_id} could run two days at once"
         for t in dag.tasks:
-            assert t.retries >= 1 or t.task_type.endswith("SensorOperator") or \
-                "sensor" in t.task_type.lower(), f"{dag_id}.{t.task_id} has no retries"
-            assert t.execution_timeout is not None, f"{dag_id}.{t.task_id} has no timeout"
+            name = f"{dag_id}.{t.task_id}"
+            assert t.retries >= 1 or name in NO_RETRY, f"{name} has no retries"
+            assert t.execution_timeout is not None, f"{name} has no timeout"
 
 
 def test_eod_shape(dags: dict) -> None:
@@ -64,6 +72,12 @@ def test_eod_shape(dags: dict) -> None:
     assert dag.get_task("settle_from_kafka").task_type == "SparkSubmitOperator"
     assert dag.get_task("choose_source").downstream_task_ids == {"settle_from_kafka",
                                                                  "settle_from_db"}
+
+
+def test_drill_shape(dags: dict) -> None:
+    dag = dags["failover_drill"]
+    assert set(dag.params) == {"scheme", "fault", "trades", "seed", "at"}
+    assert dag.get_task("run_drill").retries == 0
 
 
 @pytest.fixture(scope="session")
@@ -125,3 +139,20 @@ def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
     assert (source, trades, ok) == ("db", sim["trades"], True)
     assert "Kafka is unreachable" in reason
     assert "Kafka is unreachable" in Path(path).read_text()
+
+
+@pytest.mark.services
+def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,  # noqa: ANN001
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from settlement.orchestration import airflow_connections
+
+    for k, v in airflow_connections(services).items():
+        monkeypatch.setenv(k, v)
+    dag = _dagbag(ROOT / "dags" / "failover_drill.py").dags["failover_drill"]
+    run = dag.test(run_conf={"scheme": "shared", "fault": "kill", "trades": 6000, "seed": 2,
+                             "at": 0.5})
+    assert str(run.state) == "success", run.state
+    ti = run.get_task_instance("run_drill")
+    out = ti.xcom_pull(task_ids="run_drill")
+    assert out["passed"] and out["lost"] == 0 and out["duplicated"] == 0
+    assert Path(out["report_path"]).exists()
