@@ -51,24 +51,21 @@ def _rate(value: str) -> float:
     return r
 
 
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {n}")
+        return n
+
+    return parse
 
 
-def _non_negative(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
-    return n
+_positive = _int_at_least(1, "a positive integer")
+_non_negative = _int_at_least(0, "an integer >= 0")
 
 
 # -- handlers ----------------------------------------------------------------------------

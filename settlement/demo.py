@@ -70,8 +70,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     day = read_kafka_day(settings, opts.trade_date)
     check = check_ledger(settings.ledger_dsn(survivor), day, settings.topic)
 
-    con.print("5/5 end-of-day settlement...")
-    eod = _end_of_day(settings, opts, env)
+    con.print("5/5 end of day: the eod_settlement DAG via dag.test() (Spark, Great "
+              "Expectations, audit report)...")
+    eod = _end_of_day(settings, opts, logs)
 
     summary = {
         "trade_date": opts.trade_date,
@@ -94,18 +95,30 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     _print_summary(con, summary)
     if not check.ok:
         raise RuntimeError(f"the ledger does not match Kafka: {check.as_dict()}")
+    if eod["eod_dag_state"] != "success" or not eod["validation_success"]:
+        raise RuntimeError(f"end of day did not succeed: {eod}")
     return summary
 
 
-def _end_of_day(settings: Settings, opts: DemoOptions, env: dict[str, str]) -> dict[str, Any]:
-    try:
-        from settlement.eod import run_eod
-    except ImportError:
-        return {"settlement": "not available yet (PySpark settlement is a later issue)"}
-    res = run_eod(settings, opts.trade_date, source="auto")
-    return {k: res.get(k) for k in ("source", "source_reason", "trades",
-                                    "validation_success", "netting_efficiency",
-                                    "report_path")}
+def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, Any]:
+    """The eod_settlement DAG, run once through dag.test() as Airflow would run it."""
+    from settlement.dagtest import run_dag
+    from settlement.db import connect
+
+    state = run_dag(settings, "eod_settlement", {"trade_date": opts.trade_date,
+                                                 "source": "auto"},
+                    settings.state_dir / "airflow-demo", logs / "eod_settlement.log")
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(
+            "select source, source_reason, trades, validation_success, netting_efficiency,"
+            " report_path from settlement_runs where trade_date = %s"
+            " order by run_id desc limit 1", (opts.trade_date,)).fetchone()
+    if row is None:
+        raise RuntimeError(f"the eod_settlement DAG ended {state} without a settlement run; "
+                           f"see {logs / 'eod_settlement.log'}")
+    keys = ("source", "source_reason", "settled_trades", "validation_success",
+            "netting_efficiency", "report_path")
+    return {"eod_dag_state": state, **dict(zip(keys, row, strict=True))}
 
 
 def _print_summary(con: Any, summary: dict[str, Any]) -> None:

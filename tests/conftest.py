@@ -6,6 +6,7 @@ them, state and ports are the test ones (the Makefile's TEST_ENV sets the same v
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -32,6 +33,9 @@ os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 from settlement.config import Settings, load_settings  # noqa: E402
+
+# py4j logs "closing connection" from a finaliser after pytest closed its streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")

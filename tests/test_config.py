@@ -10,7 +10,7 @@ from settlement.config import ConfigError, check_date, load_settings
 def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("SETTLE_KAFKA_BOOTSTRAP", "SETTLE_PG_DSN", "SETTLE_LEDGER_A_DSN"):
         monkeypatch.delenv(var, raising=False)
-    s = load_settings(kafka_port=19092, pg_port=15432)
+    s = load_settings(kafka_port=19092, pg_port=15432, kafka_brokers=1)
     assert s.embedded_kafka
     assert s.bootstrap() == "127.0.0.1:19092"
     assert s.bootstrap(3) == "127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094"

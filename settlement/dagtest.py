@@ -1,0 +1,60 @@
+"""Run one DAG once, in-process, with ``dag.test()``: ``python -m settlement.dagtest DAG CONF``.
+
+Used by ``settle demo`` to run ``eod_settlement`` exactly as Airflow would, without a
+scheduler. Airflow reads its configuration at import time, so this is its own process; the
+caller sets ``AIRFLOW_HOME`` and the ``AIRFLOW_CONN_*`` variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from settlement.config import REPO_ROOT, Settings
+
+
+def airflow_home_env(settings: Settings, home: Path) -> dict[str, str]:
+    from settlement.orchestration import airflow_connections
+
+    return {**os.environ, **airflow_connections(settings), "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run_dag(settings: Settings, dag_id: str, conf: dict[str, Any], home: Path,
+            log: Path) -> str:
+    """Migrate the metadata database if needed, run the DAG once; returns its final state."""
+    env = airflow_home_env(settings, home)
+    home.mkdir(parents=True, exist_ok=True)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    with open(log, "w") as out:
+        subprocess.run([airflow, "db", "migrate"], env=env, stdout=out,
+                       stderr=subprocess.STDOUT, check=True)
+        res = subprocess.run([sys.executable, "-m", "settlement.dagtest", dag_id,
+                              json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith('{"dag_state"')]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"dag.test() of {dag_id} failed; see {log}")
+    return json.loads(lines[-1])["dag_state"]
+
+
+def main() -> int:
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag_id, conf = sys.argv[1], json.loads(sys.argv[2])
+    bag = DagBag(dag_folder=str(REPO_ROOT / "dags"))
+    if bag.import_errors:
+        print(json.dumps({"import_errors": {k: str(v) for k, v in bag.import_errors.items()}}))
+        return 1
+    run = bag.dags[dag_id].test(run_conf=conf)
+    print(json.dumps({"dag_state": str(run.state)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
