@@ -29,6 +29,12 @@ class DemoOptions:
     kill_at: float = 0.4  # fraction of the day after which site A is SIGKILLed
 
 
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from settlement import services
     from settlement.checker import check_ledger, read_kafka_day
@@ -87,8 +93,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         "lost": len(check.lost),
         "duplicated": len(check.duplicated),
         "unexpected": len(check.unexpected),
-        "duplicates_suppressed_by_site_b": site_b.get("duplicates"),
-        "dead_letters_by_site_b": site_b.get("dead_letters"),
+        **_ledger_counts(settings.ledger_dsn(survivor)),
+        "site_b_rebalances": site_b.get("rebalances"),
         **eod,
         "logs": str(logs),
     }
@@ -98,6 +104,16 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     if eod["eod_dag_state"] != "success" or not eod["validation_success"]:
         raise RuntimeError(f"end of day did not succeed: {eod}")
     return summary
+
+
+def _ledger_counts(dsn: str) -> dict[str, int]:
+    from settlement.db import connect
+
+    with connect(dsn) as conn:
+        dups = conn.execute("select coalesce(sum(duplicates), 0) from ingest_batches").fetchone()
+        dead = conn.execute("select count(*) from dead_letters").fetchone()
+    return {"duplicates_suppressed": int(dups[0]) if dups else 0,
+            "dead_letters": int(dead[0]) if dead else 0}
 
 
 def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, Any]:
