@@ -59,6 +59,9 @@ class Ledger:
     def connect(self) -> None:
         self.close()
         conn = psycopg.connect(self.dsn, connect_timeout=5, autocommit=False)
+        # A site frozen inside a batch (SIGSTOP, a GC pause, a hung VM) would hold the
+        # offset row locks and stall its successor; the server ends such a session instead.
+        conn.execute("set idle_in_transaction_session_timeout = '5s'")
         conn.execute(q("ingest", "create_stage"))
         conn.commit()
         self.conn = conn
