@@ -11,8 +11,8 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from settlement.config import ConfigError, Settings, check_date, load_settings
@@ -45,7 +45,8 @@ def _rate(value: str) -> float:
     try:
         r = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction between 0 and 1, got {value!r}") from None
     if not 0 <= r <= 1:
         raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {value}")
     return r

@@ -19,6 +19,7 @@ from settlement.config import Settings, load_settings
 from settlement.namespace import namespace_env, reset_namespace
 from settlement.runner import spawn_settle, wait
 
+
 @dataclass(frozen=True)
 class DemoOptions:
     trade_date: str

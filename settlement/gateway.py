@@ -140,7 +140,9 @@ class DayGenerator:
             p = price[sym] * Decimal(1 + rng.gauss(0, 0.0005)).quantize(Decimal("0.000001"))
             p = max(p, Decimal("0.01")).quantize(q4)
             price[sym] = p
-            qty = rng.choice((rng.randint(1, 99), rng.randint(1, 10) * 100, rng.randint(1, 5) * 500))
+            # Odd lots, round lots and blocks.
+            qty = rng.choice((rng.randint(1, 99), rng.randint(1, 10) * 100,
+                              rng.randint(1, 5) * 500))
             buyer, seller = rng.sample(accounts, 2)
             pnum = part[sym]
             seqs[pnum] += 1

@@ -24,7 +24,8 @@ def settle(args: list[str], env: dict[str, str], timeout: float = 300,
     res = subprocess.run([*SETTLE, *args, "--json"], env=env, capture_output=True, text=True,
                          timeout=timeout, cwd=ROOT)
     if check:
-        assert res.returncode == 0, f"settle {args} failed ({res.returncode}):\n{res.stderr[-3000:]}"
+        assert res.returncode == 0, (
+            f"settle {args} failed ({res.returncode}):\n{res.stderr[-3000:]}")
     out = last_json(res.stdout)
     out["_returncode"] = res.returncode
     out["_stderr"] = res.stderr
@@ -48,7 +49,8 @@ def wait_exit(proc: subprocess.Popen[str], log: Path, timeout: float = 240) -> d
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"site did not finish in {timeout}s; log:\n{log.read_text()[-3000:]}")
+        raise AssertionError(
+            f"site did not finish in {timeout}s; log:\n{log.read_text()[-3000:]}") from None
     text = log.read_text()
     assert proc.returncode == 0, f"site exited {proc.returncode}; log:\n{text[-3000:]}"
     return last_json(text)

@@ -52,8 +52,13 @@ def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -
     n = max(len(v) for v in sites.values())
     top = max(max(v) for v in sites.values()) or 1
     pad, w, h = 50, width - 70, height - 50
-    x = (lambda i: pad + (w * i / max(n - 1, 1)))
-    y = (lambda v: 10 + h - h * v / top)
+
+    def x(i: int) -> float:
+        return pad + (w * i / max(n - 1, 1))
+
+    def y(v: int) -> float:
+        return 10 + h - h * v / top
+
     per = series["seconds_per_bucket"]
     parts = [f'<svg role="img" aria-label="trades ingested per site over the day" '
              f'viewBox="0 0 {width} {height}" width="100%">',
@@ -80,7 +85,7 @@ def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -
 def render_html(f: dict[str, Any]) -> str:
     v = f["validation"]
     ok = v["success"]
-    verdict = (f'<span class="verdict pass">VALIDATION PASSED</span>' if ok else
+    verdict = ('<span class="verdict pass">VALIDATION PASSED</span>' if ok else
                f'<span class="verdict fail">VALIDATION FAILED: {len(v["failures"])} '
                "check(s)</span>")
     eff = f["netting_efficiency"]

@@ -147,7 +147,7 @@ class KafkaNode:
         ensure_port_free(self.controller_port, "SETTLE_KAFKA_CONTROLLER_PORT")
         heap = self.settings.kafka_heap
         argv = [
-            java_bin(), f"-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            java_bin(), "-Xms256m", f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
             "-cp", kafka_classpath(self.settings), "kafka.Kafka", str(self.config_path),
