@@ -130,3 +130,13 @@ def test_edited_migration_is_refused(services: Settings, tmp_path, monkeypatch) 
     monkeypatch.setattr(db, "MIGRATIONS_DIR", tmp_path)
     with pytest.raises(db.DatabaseError, match="edited after it was applied"):
         migrate_database(dsn)
+
+
+def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path) -> None:  # noqa: ANN001
+    # Random base64 ids start with "-" one time in 64; that once broke `kafka-storage format`.
+    from settlement.services.kafka import KafkaNode
+
+    node = KafkaNode(load_settings(state_dir=tmp_path), 1, 1)
+    node.format_storage("-AbCdEfGhIjKlMnOpQrStU")
+    assert "cluster.id=-AbCdEfGhIjKlMnOpQrStU" in (node.root / "data" / "meta.properties"
+                                                   ).read_text()

@@ -135,7 +135,9 @@ class KafkaNode:
         res = subprocess.run(
             [java_bin(), "-cp", kafka_classpath(self.settings),
              f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
-             "kafka.tools.StorageTool", "format", "-t", cluster_id,
+             # "=": a random base64 id may start with "-", which a separate argument
+             # would turn into an unknown option.
+             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
              "-c", str(self.config_path), "--ignore-formatted"],
             capture_output=True, text=True,
         )
