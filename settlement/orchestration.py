@@ -124,7 +124,7 @@ def spark_jars_csv(settings: Settings) -> str:
 def publish_report(outcome: dict[str, Any]) -> str:
     """Say where the audit report is; fail the run when validation failed (the report, already
     written, says why)."""
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     path = outcome["report_path"]
     print(f"audit report for {outcome['trade_date']} (run {outcome['run_id']}): {path}")
@@ -138,7 +138,7 @@ def publish_report(outcome: dict[str, Any]) -> str:
 
 def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
     """The failover_drill DAG's task: one drill; raises if it lost or duplicated anything."""
-    from airflow.exceptions import AirflowFailException
+    from airflow.sdk.exceptions import AirflowFailException
 
     from settlement import drill
 
