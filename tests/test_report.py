@@ -98,3 +98,23 @@ def test_failover_events_from_heartbeats() -> None:
     assert ("b", "silent") in kinds and ("b", "partitions") in kinds
     moved = next(e for e in events if e["event"] == "partitions")
     assert moved["detail"] == "[3, 4, 5] -> [0, 1, 2, 3, 4, 5]"
+
+
+def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:  # noqa: ANN001
+    from settlement.sources import choose_source
+
+    iso, sim = separate_day
+    gone = {}
+    for ledger, pick in (("a", "min"), ("b", "max")):
+        with connect(iso.settings.ledger_dsn(ledger)) as conn:
+            gone[ledger] = conn.execute(
+                f"delete from trades where trade_id = (select {pick}(trade_id) from trades)"
+                " returning trade_id").fetchone()[0]
+            conn.commit()
+    choice = choose_source(iso.settings, DATE, "db")
+    assert choice.ledgers == ("a", "b")
+    assert "union of site ledgers a and b" in choice.reason
+    out = run_eod(iso.settings, DATE, source="db", validate=False)
+    # Each trade missing from one site is in the other: the union settles the whole day.
+    assert out["trades"] == sim["trades"]
+    assert out["duplicates_removed"] == sim["trades"] - 2
