@@ -17,7 +17,7 @@ from typing import Any
 
 from settlement.config import Settings, load_settings
 from settlement.namespace import namespace_env, reset_namespace
-from settlement.runner import spawn_settle, wait
+from settlement.runner import spawn_settle, start_site, wait
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
     con.print(f"2/5 trading day {opts.trade_date}: {opts.trades} trades at {opts.rate}/s, "
               f"scheme [bold]{opts.scheme}[/], both sites consuming")
-    site_args = ["site", "run", "--scheme", opts.scheme, "--until-close",
-                 "--date", opts.trade_date, "--max-seconds", "600"]
-    a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a.log")
-    b = spawn_settle([*site_args, "--site", "b"], env, logs / "site-b.log")
+    a = start_site("a", opts.scheme, opts.trade_date, env, logs / "site-a.log")
+    b = start_site("b", opts.scheme, opts.trade_date, env, logs / "site-b.log")
     gw = spawn_settle(["simulate", "--date", opts.trade_date, "--trades", str(opts.trades),
                        "--seed", str(opts.seed), "--dup-rate", "0.01", "--bad-rate", "0.001",
                        "--abort-rate", "0.1", "--rate", str(opts.rate)], env,

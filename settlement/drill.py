@@ -36,7 +36,7 @@ from settlement.checker import check_ledger, read_kafka_day
 from settlement.config import Settings, load_settings
 from settlement.db import q
 from settlement.namespace import drop_namespace, namespace_env, reset_namespace
-from settlement.runner import spawn_settle, wait
+from settlement.runner import spawn_settle, start_site, wait
 
 FAULTS = ("kill", "pause", "db-restart", "broker-kill")
 SCHEMES = ("separate", "shared")
@@ -169,10 +169,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     reset_namespace(settings)
     env = _env(base, ns)
     logs = log_dir or base.state_dir / "drills" / name
-    site_args = ["site", "run", "--scheme", spec.scheme, "--until-close", "--date",
-                 spec.trade_date, "--max-seconds", "600"]
-    a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a.log")
-    b = spawn_settle([*site_args, "--site", "b"], env, logs / "site-b.log")
+    a = start_site("a", spec.scheme, spec.trade_date, env, logs / "site-a.log")
+    b = start_site("b", spec.scheme, spec.trade_date, env, logs / "site-b.log")
     time.sleep(3)  # both sites join the group before trading starts
     gw = spawn_settle(["simulate", "--date", spec.trade_date, "--trades", str(spec.trades),
                        "--seed", str(spec.seed), "--dup-rate", "0.01", "--bad-rate", "0.002",
@@ -186,7 +184,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     if spec.fault == "kill":
         a.wait(timeout=30)
         if spec.scheme == "separate":  # its own ledger only completes if it comes back
-            a = spawn_settle([*site_args, "--site", "a"], env, logs / "site-a-restarted.log")
+            a = start_site("a", spec.scheme, spec.trade_date, env, logs / "site-a-restarted.log")
             outputs.append(wait(a, "restarted site A", logs / "site-a-restarted.log", 600))
     else:
         outputs.append(wait(a, "site A", logs / "site-a.log", 600))

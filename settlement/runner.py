@@ -20,6 +20,13 @@ def spawn_settle(args: list[str], env: dict[str, str], log: Path) -> subprocess.
                             cwd=REPO_ROOT)
 
 
+def start_site(site: str, scheme: str, trade_date: str, env: dict[str, str], log: Path,
+               max_seconds: float = 600) -> subprocess.Popen[str]:
+    """``settle site run ... --until-close`` for one trade date, as an operator starts it."""
+    return spawn_settle(["site", "run", "--site", site, "--scheme", scheme, "--until-close",
+                         "--date", trade_date, "--max-seconds", str(max_seconds)], env, log)
+
+
 def last_json(log: Path) -> dict[str, Any]:
     """The last JSON object a `settle --json` process printed (empty if none)."""
     lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("{")]

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from settlement import runner
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTLE = [sys.executable, "-m", "settlement.cli"]
 
@@ -34,26 +36,13 @@ def settle(args: list[str], env: dict[str, str], timeout: float = 300,
 
 def start_site(site: str, scheme: str, env: dict[str, str], date: str,
                log: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log, "a")  # noqa: SIM115 - lives as long as the process
-    return subprocess.Popen(
-        [*SETTLE, "site", "run", "--site", site, "--scheme", scheme, "--until-close",
-         "--date", date, "--max-seconds", "240", "--json"],
-        env={**env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT, text=True,
-        cwd=ROOT,
-    )
+    return runner.start_site(site, scheme, date, {**env, **(extra_env or {})}, log,
+                             max_seconds=240)
 
 
 def wait_exit(proc: subprocess.Popen[str], log: Path, timeout: float = 240) -> dict[str, Any]:
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(
-            f"site did not finish in {timeout}s; log:\n{log.read_text()[-3000:]}") from None
-    text = log.read_text()
-    assert proc.returncode == 0, f"site exited {proc.returncode}; log:\n{text[-3000:]}"
-    return last_json(text)
+    """The site's JSON summary; fails (with the log's tail) unless it exited 0 in time."""
+    return runner.wait(proc, "site", log, timeout)
 
 
 def wait_for(cond: Any, timeout: float, what: str, interval: float = 0.05) -> None:
