@@ -11,6 +11,7 @@ COPY settlement settlement
 COPY consumers consumers
 COPY dags dags
 COPY sql sql
+COPY gx gx
 COPY jvm jvm
 RUN uv sync --frozen --no-dev --compile-bytecode \
  && mvn -s jvm/settings.xml -q -B -f jvm/kafka/pom.xml package \
@@ -18,7 +19,10 @@ RUN uv sync --frozen --no-dev --compile-bytecode \
 ENV PATH="/app/.venv/bin:${PATH}" \
     SPARK_LOCAL_IP=0.0.0.0 \
     GX_ANALYTICS_ENABLED=false
-# Never root at run time.
-RUN useradd --system --uid 10001 settle && chown -R settle /app
+# Never root at run time. /app/airflow (AIRFLOW_HOME) and its logs, and /app/reports exist in
+# the image so that the named volumes docker-compose.yml mounts there start owned by settle.
+RUN mkdir -p /app/airflow/logs /app/reports \
+ && useradd --system --uid 10001 settle && chown -R settle /app
+ENV AIRFLOW_HOME=/app/airflow
 USER settle
 ENTRYPOINT ["settle"]

@@ -25,12 +25,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pendulum
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
 from settlement import orchestration as orch
-
-SETTLE = "{{ ti.xcom_pull(task_ids='prepare') }}"
+from settlement.airflow_operators import SettlementSparkSubmitOperator
 
 
 @dag(
@@ -55,8 +53,10 @@ def eod_settlement() -> None:
     @task
     def prepare(params: dict, logical_date: dt.datetime | None = None) -> dict:
         settings = orch.settings_from_airflow()
+        # No secrets here: XComs are visible in the UI. The job's environment (database
+        # URLs) is built inside the settle task.
         return {"trade_date": orch.trade_date_for(params, logical_date),
-                "env": orch.settle_env(settings), "jars": orch.spark_jars_csv(settings)}
+                "jars": orch.spark_jars_csv(settings)}
 
     @task.sensor(poke_interval=30, timeout=6 * 3600, mode="reschedule", retries=0)
     def wait_for_close(job: dict) -> PokeReturnValue:
@@ -73,8 +73,8 @@ def eod_settlement() -> None:
         ti.xcom_push(key="source_reason", value=choice.reason)
         return f"settle_from_{choice.source}"
 
-    def settle(source: str) -> SparkSubmitOperator:
-        return SparkSubmitOperator(
+    def settle(source: str) -> SettlementSparkSubmitOperator:
+        return SettlementSparkSubmitOperator(
             task_id=f"settle_from_{source}",
             conn_id="spark_default",
             application=str(orch.JOB),
@@ -84,7 +84,6 @@ def eod_settlement() -> None:
                 "--source", source, "--no-validate", "--reason",
                 "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
-            env_vars="{{ ti.xcom_pull(task_ids='prepare')['env'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
         )
 

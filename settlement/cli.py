@@ -81,6 +81,12 @@ def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return services.status(s)
 
 
+def cmd_kafka(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.kafka_security import Grant, init
+
+    return init(s, [Grant.parse(g) for g in args.grant])
+
+
 def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.db import migrate_all, write_schema_file
 
@@ -208,6 +214,7 @@ COMMANDS: dict[str, Handler] = {
     "drill": cmd_drill,
     "services": cmd_services,
     "db": cmd_db,
+    "kafka": cmd_kafka,
     "simulate": cmd_simulate,
     "site": cmd_site,
 }
@@ -234,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["migrate", "schema"],
                     help="migrate: apply sql/migrations everywhere; schema: regenerate "
                          "sql/schema.sql")
+
+    sp = add("kafka", "prepare a Kafka cluster: the trades topic, users and ACLs (as admin)")
+    sp.add_argument("action", choices=["init"])
+    sp.add_argument("--grant", action="append", default=[], metavar="ROLE:USER[:PASSWORD_ENV]",
+                    help="create or update USER (password from the environment variable "
+                         "PASSWORD_ENV) with the ACLs of ROLE: gateway, site or settlement; "
+                         "repeatable")
 
     sp = add("simulate", "publish one trading day to the trades topic")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")

@@ -25,6 +25,9 @@ Scheme = Literal["separate", "shared"]
 LEDGERS = ("a", "b", "shared")
 
 
+_SASL_SAFE = re.compile(r"^[A-Za-z0-9._\-+/@%^*~]{1,128}$")
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the variable and the fix."""
 
@@ -100,6 +103,34 @@ class Settings(BaseSettings):
     @property
     def embedded_kafka(self) -> bool:
         return self.kafka_bootstrap is None
+
+    @property
+    def embedded_sasl(self) -> bool:
+        """The embedded broker authenticates clients (SCRAM) and enforces ACLs: chosen by
+        setting SETTLE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT with the admin's user name
+        and password, which the broker is bootstrapped with as its super user."""
+        if not self.embedded_kafka or self.kafka_security_protocol == "PLAINTEXT":
+            return False
+        if self.kafka_security_protocol != "SASL_PLAINTEXT":
+            raise ConfigError(
+                f"SETTLE_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}: the embedded "
+                "broker speaks PLAINTEXT or SASL_PLAINTEXT; for TLS point "
+                "SETTLE_KAFKA_BOOTSTRAP at a real cluster"
+            )
+        if not self.kafka_sasl_mechanism.startswith("SCRAM"):
+            raise ConfigError(
+                "SETTLE_KAFKA_SASL_MECHANISM: the embedded broker authenticates with "
+                "SCRAM-SHA-256 or SCRAM-SHA-512"
+            )
+        for var, value in (("USERNAME", self.kafka_sasl_username),
+                           ("PASSWORD", self.kafka_sasl_password)):
+            if not value or not _SASL_SAFE.match(value):
+                raise ConfigError(
+                    f"SETTLE_KAFKA_SASL_{var}: the embedded broker needs it set, using only "
+                    "letters, digits and ._-+/@%^*~ (it is written into the broker's JAAS "
+                    "configuration)"
+                )
+        return True
 
     def bootstrap(self, brokers: int | None = None) -> str:
         if self.kafka_bootstrap:

@@ -41,6 +41,11 @@ TICKERS = (
 ).split()
 
 
+# The gateway's transactional.id; Kafka ACLs grant the gateway user this prefix
+# (settlement.kafka_security).
+TRANSACTIONAL_ID = "exchange-gateway"
+
+
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (the Java client's default partitioner), as a signed 32-bit int."""
     m, r, mask = 0x5BD1E995, 24, 0xFFFFFFFF
@@ -251,7 +256,7 @@ def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partiti
 
 
 def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
-             transactional_id: str = "exchange-gateway") -> dict[str, Any]:
+             transactional_id: str = TRANSACTIONAL_ID) -> dict[str, Any]:
     from confluent_kafka import KafkaError, Producer
 
     t0 = time.monotonic()

@@ -1,19 +1,47 @@
-"""docker-compose.yml cannot run here (no Docker engine): check it statically."""
+"""docker-compose.yml cannot run here (no Docker engine): check it statically.
+
+Besides the shape (services, pinned images, ports, dependencies, secrets only from .env),
+this checks the security design: every Kafka listener authenticates (SCRAM for clients and
+brokers, PLAIN for controllers), ACLs deny by default with the admin as the only super user,
+kafka-init creates one least-privilege user per component and each component logs in as its
+own; and Airflow 3 runs as separate components sharing one PostgreSQL metadata database and
+one set of secrets. deploy/kafka-start.sh is run for real in --render-only mode.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import re
+import shutil
+import stat
+import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from settlement.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SETTLE_NAMES = {f"SETTLE_{name.upper()}" for name in Settings.model_fields}
+BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+           "airflow-triggerer")
+APP_IMAGE = "dual-site-settlement:0.1.0"
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+# Which user each Kafka client service logs in as, and the kafka-init role that user has.
+KAFKA_USERS = {"site-a": ("site-a", "site-a"), "site-b": ("site-b", "site-b"),
+               "airflow-scheduler": ("settlement", "settlement"),
+               "gateway": ("gateway", "gateway")}
+# ${VAR}, ${VAR:-default}, ${VAR:?message}; `$${` is compose's escaped literal `${`.
+VAR_REF = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
 def _env(svc: dict[str, Any]) -> dict[str, Any]:
@@ -23,25 +51,95 @@ def _env(svc: dict[str, Any]) -> dict[str, Any]:
     return env
 
 
+def _ref(value: Any) -> str | None:
+    """The variable a value is taken from when it is exactly one ${VAR...} reference."""
+    m = VAR_REF.fullmatch(str(value))
+    return m.group(1) if m else None
+
+
+def _interpolate(value: Any, values: dict[str, str]) -> str:
+    """What compose would substitute, given .env ``values``."""
+    def sub(m: re.Match[str]) -> str:
+        name, op, arg = m.groups()
+        if values.get(name):
+            return values[name]
+        if op and op.endswith("-"):
+            return arg
+        raise KeyError(f"{name} is required by docker-compose.yml")
+    return VAR_REF.sub(sub, str(value))
+
+
+def _host_port(spec: Any) -> str:
+    """"19092:9092" and "127.0.0.1:19092:9092" -> "19092"."""
+    parts = str(spec).split(":")
+    return parts[-2] if len(parts) > 1 else parts[0]
+
+
+def _listeners(value: str) -> dict[str, str]:
+    """"BROKER://:9092,CONTROLLER://:9093" -> {"BROKER": ":9092", ...}."""
+    return dict(item.split("://", 1) for item in value.split(","))
+
+
+def _grants() -> dict[str, tuple[str, str]]:
+    """kafka-init's --grant ROLE:USER:PASSWORD_ENV arguments as {user: (role, env)}."""
+    cmd = [str(c) for c in SERVICES["kafka-init"]["command"]]
+    assert cmd[:2] == ["kafka", "init"], cmd
+    flags, values = cmd[2::2], cmd[3::2]
+    assert flags and set(flags) == {"--grant"} and len(flags) == len(values), cmd
+    grants = {}
+    for value in values:
+        role, user, password_env = value.split(":")
+        assert user not in grants, f"{user} granted twice"
+        grants[user] = (role, password_env)
+    return grants
+
+
+GRANT_PASSWORD_VARS = {env for _, env in _grants().values()}
+
+
+def _env_example() -> tuple[set[str], set[str]]:
+    """(variables set in .env.example, variables only shown commented out)."""
+    active, commented = set(), set()
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if m := re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=", line):
+            active.add(m.group(1))
+        elif m := re.match(r"^#\s*([A-Z_][A-Z0-9_]*)=", line):
+            commented.add(m.group(1))
+    return active, commented
+
+
+# -- shape ---------------------------------------------------------------------------------
+
 def test_core_services_exist() -> None:
-    assert {"kafka-1", "kafka-2", "kafka-3", "postgres", "site-a", "site-b", "airflow",
-            "migrate"} <= set(SERVICES)
+    assert {*BROKERS, "kafka-init", "postgres", "migrate", "site-a", "site-b",
+            "airflow-init", *AIRFLOW} <= set(SERVICES)
+    assert "airflow" not in SERVICES, "the standalone Airflow service was split up"
 
 
 def test_app_services_use_only_documented_settle_names() -> None:
     used = set()
     for name, svc in SERVICES.items():
         for var in _env(svc):
-            if var.startswith("SETTLE_"):
-                assert var in SETTLE_NAMES, f"{name}: {var} is not a setting in config.py"
-                used.add(var)
+            if not var.startswith("SETTLE_"):
+                continue
+            if name == "kafka-init" and var in GRANT_PASSWORD_VARS:
+                continue  # read by `settle kafka init --grant ROLE:USER:<var>`, not a setting
+            assert var in SETTLE_NAMES, f"{name}: {var} is not a setting in config.py"
+            used.add(var)
     assert {"SETTLE_KAFKA_BOOTSTRAP", "SETTLE_PG_DSN", "SETTLE_LEDGER_A_DSN",
-            "SETTLE_LEDGER_B_DSN", "SETTLE_LEDGER_SHARED_DSN"} <= used
+            "SETTLE_LEDGER_B_DSN", "SETTLE_LEDGER_SHARED_DSN", "SETTLE_KAFKA_SECURITY_PROTOCOL",
+            "SETTLE_KAFKA_SASL_USERNAME", "SETTLE_KAFKA_SASL_PASSWORD"} <= used
 
 
 def test_host_ports_do_not_clash() -> None:
-    ports = [str(p).split(":")[0] for svc in SERVICES.values() for p in svc.get("ports", [])]
+    ports = [_host_port(p) for svc in SERVICES.values() for p in svc.get("ports", [])]
     assert len(ports) == len(set(ports)), ports
+
+
+def test_data_stores_are_published_on_loopback_only() -> None:
+    for name in (*BROKERS, "postgres"):
+        for spec in SERVICES[name].get("ports", []):
+            assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} to the network"
 
 
 def test_images_are_pinned() -> None:
@@ -52,27 +150,317 @@ def test_images_are_pinned() -> None:
         assert not image.endswith(":latest"), f"{name}: {image!r} is not pinned"
 
 
-def test_kafka_cluster_is_durable() -> None:
-    for i in (1, 2, 3):
-        env = _env(SERVICES[f"kafka-{i}"])
-        assert env["KAFKA_NODE_ID"] == i
-        assert int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == 3
-        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
-        assert str(env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"]).lower() == "false"
-        assert "healthcheck" in SERVICES[f"kafka-{i}"]
-
-
 def test_dependencies_exist_and_wait_for_health() -> None:
     for name, svc in SERVICES.items():
         for dep, cond in (svc.get("depends_on") or {}).items():
             assert dep in SERVICES, f"{name} depends on unknown {dep}"
             assert cond["condition"] in {"service_healthy", "service_completed_successfully"}
+            if cond["condition"] == "service_healthy":
+                assert "healthcheck" in SERVICES[dep], f"{name} waits on {dep}'s health"
+            else:
+                assert SERVICES[dep].get("restart") == "no", f"{dep} is not a one-shot"
+
+
+def test_volumes_are_declared_and_mounted_files_exist() -> None:
+    declared = set(COMPOSE.get("volumes") or {})
+    for name, svc in SERVICES.items():
+        for mount in svc.get("volumes", []):
+            source = str(mount).split(":")[0]
+            if source.startswith(("./", "/")):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+                assert str(mount).endswith(":ro"), f"{name}: mount {source} read-only"
+            else:
+                assert source in declared, f"{name} uses undeclared volume {source}"
+
+
+def test_every_compose_variable_is_in_env_example() -> None:
+    active, commented = _env_example()
+    for name, op, _ in VAR_REF.findall(COMPOSE_TEXT):
+        if op.endswith("-"):  # has a default: may be documented commented out
+            assert name in active | commented, f"${{{name}}} is not in .env.example"
+        else:
+            assert name in active, f"required ${{{name}}} is not set in .env.example"
 
 
 def test_no_secrets_committed() -> None:
-    text = (ROOT / "docker-compose.yml").read_text()
-    literal = re.search(r"^\s*\w*PASSWORD\w*:\s*(?!\$\{)\S", text, re.M)
+    literal = re.search(r"^\s*\w*PASSWORD\w*:\s*(?!\$\{)\S", COMPOSE_TEXT, re.M)
     assert literal is None, f"a literal password in compose: {literal.group(0)!r}"
+    in_urls = re.findall(r"://[^/\s:'\"@]+:(\$\{[^}]*\}|[^@\s'\"]+)@", COMPOSE_TEXT)
+    assert in_urls, "no URL credentials found: is this check still matching?"
+    for password in in_urls:
+        assert _ref(password), f"a literal password in a URL: {password!r}"
+    secret = re.compile(r"PASSWORD|SECRET|FERNET_KEY")
+    for name, svc in SERVICES.items():
+        for var, value in _env(svc).items():
+            if secret.search(var):
+                assert _ref(value), f"{name}: {var} must come from .env"
     assert (ROOT / ".env.example").exists()
     built = [s for s in SERVICES.values() if "build" in s]
     assert built and (ROOT / "Dockerfile").exists()
+
+
+def test_deploy_scripts_are_valid_bash() -> None:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    scripts = sorted((ROOT / "deploy").glob("*.sh"))
+    assert ROOT / "deploy" / "kafka-start.sh" in scripts
+    for script in scripts:
+        res = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True)
+        assert res.returncode == 0, f"{script.name}: {res.stderr}"
+
+
+# -- Kafka -----------------------------------------------------------------------------------
+
+def test_kafka_cluster_is_durable() -> None:
+    for i, name in enumerate(BROKERS, start=1):
+        env = _env(SERVICES[name])
+        assert env["KAFKA_NODE_ID"] == i
+        assert int(env["KAFKA_DEFAULT_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) == 2
+        assert int(env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"]) == 3
+        assert int(env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"]) == 2
+        assert str(env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"]).lower() == "false"
+        assert "healthcheck" in SERVICES[name]
+        assert f"{name}-data:{env['KAFKA_LOG_DIRS']}" in SERVICES[name]["volumes"]
+
+
+def test_kafka_listeners_authenticate_every_connection() -> None:
+    for name in BROKERS:
+        svc, env = SERVICES[name], _env(SERVICES[name])
+        listeners = _listeners(env["KAFKA_LISTENERS"])
+        protocol_map = env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+        protocols = dict(p.split(":") for p in protocol_map.split(","))
+        controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+        broker = env["KAFKA_INTER_BROKER_LISTENER_NAME"]
+        assert set(listeners) == set(protocols) == {broker, controller}, name
+        # The controller listener is SASL too: with PLAINTEXT its peers would be
+        # User:ANONYMOUS, which would then have to be a super user.
+        assert all(p.startswith("SASL_") for p in protocols.values()), (name, protocols)
+        assert env[f"KAFKA_LISTENER_NAME_{broker}_SASL_ENABLED_MECHANISMS"] == "SCRAM-SHA-512"
+        assert env["KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL"] == "SCRAM-SHA-512"
+        assert env[f"KAFKA_LISTENER_NAME_{controller}_SASL_ENABLED_MECHANISMS"] == "PLAIN"
+        assert env["KAFKA_SASL_MECHANISM_CONTROLLER_PROTOCOL"] == "PLAIN"
+        # Clients are told about the SASL listener only, under the broker's own name.
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"{broker}://{svc['hostname']}:9092"
+        assert listeners[broker] == ":9092"
+        # The quorum port is never published.
+        controller_port = listeners[controller].rsplit(":", 1)[1]
+        for spec in svc.get("ports", []):
+            assert str(spec).rsplit(":", 1)[1] != controller_port, f"{name} publishes {spec}"
+
+
+def test_kafka_authorizes_by_acl_with_admin_as_only_super_user() -> None:
+    for name in BROKERS:
+        env = _env(SERVICES[name])
+        assert env["KAFKA_AUTHORIZER_CLASS_NAME"] == STANDARD_AUTHORIZER
+        assert str(env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"]).lower() == "false"
+        supers = env["KAFKA_SUPER_USERS"].split(";")
+        assert supers == [f"User:{env['KAFKA_ADMIN_USER']}"], supers
+        assert _ref(env["KAFKA_ADMIN_USER"]) == "KAFKA_ADMIN_USER"
+        assert _ref(env["KAFKA_ADMIN_PASSWORD"]) == "KAFKA_ADMIN_PASSWORD"
+        assert _ref(env["CLUSTER_ID"]) == "KAFKA_CLUSTER_ID"
+
+
+def test_kafka_brokers_bootstrap_scram_through_the_start_script() -> None:
+    script = ROOT / "deploy" / "kafka-start.sh"
+    text = script.read_text()
+    assert "--add-scram" in text and "--ignore-formatted" in text
+    assert "exec /opt/kafka/bin/kafka-server-start.sh" in text
+    for name in BROKERS:
+        svc = SERVICES[name]
+        assert svc["image"].startswith("apache/kafka:")
+        assert "./deploy/kafka-start.sh:/opt/settle/kafka-start.sh:ro" in svc["volumes"]
+        assert svc["entrypoint"][-1] == "/opt/settle/kafka-start.sh"
+        # The healthcheck logs in as the admin (the script writes the client config).
+        assert "--command-config /opt/kafka/config/admin-client.properties" in \
+            " ".join(svc["healthcheck"]["test"])
+
+
+def _render_broker(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    dotenv = {"KAFKA_CLUSTER_ID": "test-cluster", "KAFKA_ADMIN_PASSWORD": "s3cret-Pw.1"}
+    env = {k: _interpolate(v, dotenv) for k, v in _env(SERVICES["kafka-1"]).items()}
+    env.update(overrides)
+    return subprocess.run(
+        [bash, str(ROOT / "deploy" / "kafka-start.sh"), "--render-only", str(tmp_path)],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+        capture_output=True, text=True, timeout=60)
+
+
+def _properties(path: Path) -> dict[str, str]:
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
+
+
+def test_kafka_start_script_renders_the_broker_config(tmp_path: Path) -> None:
+    res = _render_broker(tmp_path, KAFKA_SOME___DASHED__UNDER_NAME="x")
+    assert res.returncode == 0, res.stderr
+    server = _properties(tmp_path / "server.properties")
+    assert server["node.id"] == "1"
+    assert server["process.roles"] == "broker,controller"
+    assert server["listener.security.protocol.map"] == \
+        "BROKER:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+    assert server["authorizer.class.name"] == STANDARD_AUTHORIZER
+    assert server["allow.everyone.if.no.acl.found"] == "false"
+    assert server["super.users"] == "User:admin"
+    assert server["min.insync.replicas"] == "2"
+    assert server["log.dirs"] == "/var/lib/kafka/data"
+    assert server["listener.name.broker.sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert server["some-dashed_under.name"] == "x"  # the image's `___`/`__`/`_` convention
+    scram = server["listener.name.broker.scram-sha-512.sasl.jaas.config"]
+    assert scram.startswith("org.apache.kafka.common.security.scram.ScramLoginModule required")
+    assert 'username="admin" password="s3cret-Pw.1";' in scram
+    plain = server["listener.name.controller.plain.sasl.jaas.config"]
+    assert 'user_admin="s3cret-Pw.1";' in plain
+    # Credentials are not properties of their own; the cluster id goes to `format` only.
+    assert not any(k.startswith(("admin.", "cluster.id")) for k in server)
+    client = _properties(tmp_path / "admin-client.properties")
+    assert client["security.protocol"] == "SASL_PLAINTEXT"
+    assert client["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert client["sasl.jaas.config"] == scram
+    for f in ("server.properties", "admin-client.properties"):
+        assert stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o600, f
+
+
+@pytest.mark.parametrize("password", ["a,b", 'q"uote', "sp ace", ""])
+def test_kafka_start_script_refuses_unsafe_admin_passwords(tmp_path: Path, password: str) -> None:
+    res = _render_broker(tmp_path, KAFKA_ADMIN_PASSWORD=password)
+    assert res.returncode != 0
+    assert "KAFKA_ADMIN_PASSWORD" in res.stderr
+
+
+def test_kafka_init_creates_one_least_privilege_user_per_component() -> None:
+    svc = SERVICES["kafka-init"]
+    env = _env(svc)
+    assert svc["image"] == APP_IMAGE and svc["restart"] == "no"
+    grants = _grants()
+    from settlement.kafka_security import ROLES
+
+    assert {role for role, _ in grants.values()} == set(ROLES)
+    assert {user: role for user, (role, _) in grants.items()} == \
+        {user: role for user, role in KAFKA_USERS.values()}
+    for user, (_, password_env) in grants.items():
+        assert _ref(env.get(password_env)) == password_env, f"{user}: pass {password_env}"
+    # kafka-init itself is the admin.
+    assert env["SETTLE_KAFKA_SECURITY_PROTOCOL"].startswith("SASL_")
+    assert _ref(env["SETTLE_KAFKA_SASL_USERNAME"]) == "KAFKA_ADMIN_USER"
+    assert _ref(env["SETTLE_KAFKA_SASL_PASSWORD"]) == "KAFKA_ADMIN_PASSWORD"
+    assert svc["depends_on"] == {b: {"condition": "service_healthy"} for b in BROKERS}
+
+
+def test_app_services_log_in_to_kafka_as_their_own_user() -> None:
+    grants = _grants()
+    clients = {n for n, s in SERVICES.items() if "SETTLE_KAFKA_BOOTSTRAP" in _env(s)}
+    assert clients - {"kafka-init"} == set(KAFKA_USERS)
+    for name, (user, role) in KAFKA_USERS.items():
+        svc, env = SERVICES[name], _env(SERVICES[name])
+        assert env["SETTLE_KAFKA_SECURITY_PROTOCOL"].startswith("SASL_"), name
+        assert env["SETTLE_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512", name
+        assert env["SETTLE_KAFKA_SASL_USERNAME"] == user, name
+        assert grants[user][0] == role, f"{name}: {user} must have role {role}"
+        # The same password kafka-init set for that user.
+        assert _ref(env["SETTLE_KAFKA_SASL_PASSWORD"]) == grants[user][1], name
+        deps = svc["depends_on"]
+        assert deps["kafka-init"]["condition"] == "service_completed_successfully", name
+        assert deps["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_only_brokers_and_kafka_init_hold_the_admin_credentials() -> None:
+    for name, svc in SERVICES.items():
+        env = _env(svc)
+        if name in (*BROKERS, "kafka-init"):
+            continue
+        assert not any("KAFKA_ADMIN_PASSWORD" in str(v) for v in env.values()), name
+        user = str(env.get("SETTLE_KAFKA_SASL_USERNAME", ""))
+        assert user not in ("admin", "") or "SETTLE_KAFKA_BOOTSTRAP" not in env, name
+        assert "KAFKA_ADMIN_USER" not in user, name
+        # No Kafka password where there is no Kafka client.
+        if "SETTLE_KAFKA_BOOTSTRAP" not in env:
+            assert "SETTLE_KAFKA_SASL_PASSWORD" not in env, name
+
+
+# -- Airflow ---------------------------------------------------------------------------------
+
+def test_airflow_runs_as_separate_components() -> None:
+    commands = {name: SERVICES[name]["command"] for name in AIRFLOW}
+    assert commands == {"airflow-apiserver": ["api-server"], "airflow-scheduler": ["scheduler"],
+                        "airflow-dag-processor": ["dag-processor"],
+                        "airflow-triggerer": ["triggerer"]}
+    init = SERVICES["airflow-init"]
+    assert init["command"] == ["db", "migrate"] and init["restart"] == "no"
+    assert init["entrypoint"] == ["/app/.venv/bin/airflow"]
+    for name in AIRFLOW:
+        svc = SERVICES[name]
+        assert svc["image"] == APP_IMAGE
+        assert svc["depends_on"]["airflow-init"]["condition"] == \
+            "service_completed_successfully", name
+        assert "healthcheck" in svc, name
+        assert "airflow-logs:/app/airflow/logs" in svc["volumes"], name
+    api = SERVICES["airflow-apiserver"]
+    assert "/api/v2/monitor/health" in " ".join(api["healthcheck"]["test"])
+    assert [str(p).rsplit(":", 1)[1] for p in api["ports"]] == ["8080"]
+
+
+def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init")) -> str:
+    values = {str(_env(SERVICES[name]).get(var)) for name in services}
+    assert len(values) == 1, f"{var} differs between Airflow components: {values}"
+    return values.pop()
+
+
+def test_airflow_components_share_metadata_db_and_secrets() -> None:
+    raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    url = urlsplit(_interpolate(raw, {"SETTLE_PG_PASSWORD": "from-dotenv"}))
+    assert url.scheme.startswith("postgresql") and url.hostname == "postgres"
+    assert url.path == "/airflow" and url.password == "from-dotenv"
+    assert _ref(_shared("AIRFLOW__API_AUTH__JWT_SECRET")) == "AIRFLOW_JWT_SECRET"
+    assert _ref(_shared("AIRFLOW__CORE__FERNET_KEY")) == "AIRFLOW_FERNET_KEY"
+    assert _ref(_shared("AIRFLOW__API__SECRET_KEY")) == "AIRFLOW_API_SECRET_KEY"
+    assert _shared("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
+    assert _shared("AIRFLOW__CORE__DAGS_FOLDER") == "/app/dags"
+    assert _shared("AIRFLOW__CORE__LOAD_EXAMPLES") == "False"
+    assert _shared("AIRFLOW_HOME") == "/app/airflow"
+    assert _shared("AIRFLOW__CORE__AUTH_MANAGER").endswith(".SimpleAuthManager")
+    assert _shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL") == \
+        "http://airflow-apiserver:8080/execution/"
+    # The UI login's password reaches the api-server only.
+    for name in (*AIRFLOW, "airflow-init"):
+        has = "AIRFLOW_ADMIN_PASSWORD" in _env(SERVICES[name])
+        assert has == (name == "airflow-apiserver"), name
+
+
+def test_airflow_metadata_db_drivers_are_installed() -> None:
+    """The image has psycopg 3 but neither psycopg2 nor asyncpg: Airflow's URLs must say
+    +psycopg, including the async one (Airflow derives +asyncpg when it is unset)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    dotenv = {"SETTLE_PG_PASSWORD": "pw"}
+    sync = _interpolate(_shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"), dotenv)
+    async_url = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC")
+    assert async_url != "None", "set SQL_ALCHEMY_CONN_ASYNC (asyncpg is not installed)"
+    async_url = _interpolate(async_url, dotenv)
+    for url in (sync, async_url):
+        driver = urlsplit(url).scheme.partition("+")[2]
+        assert driver and importlib.util.find_spec(driver), f"{url}: driver not installed"
+    assert create_engine(sync).dialect.driver == "psycopg"
+    assert create_async_engine(async_url).dialect.is_async
+
+
+def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> None:
+    from settlement.orchestration import airflow_connections
+
+    env = _env(SERVICES["airflow-scheduler"])
+    needed = set(airflow_connections(Settings()))
+    assert needed <= set(env), f"missing {needed - set(env)}"
+    dotenv = {"SETTLE_PG_PASSWORD": "pw"}
+    spark = json.loads(_interpolate(env["AIRFLOW_CONN_SPARK_DEFAULT"], dotenv))
+    assert spark["conn_type"] == "spark" and spark["host"] == "local[2]"
+    kafka = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])
+    assert kafka["extra"]["bootstrap.servers"] == env["SETTLE_KAFKA_BOOTSTRAP"]
+    assert kafka["extra"]["security.protocol"] == env["SETTLE_KAFKA_SECURITY_PROTOCOL"]
+    # Only the scheduler runs tasks (LocalExecutor): the others get no application secrets.
+    for name in ("airflow-apiserver", "airflow-dag-processor", "airflow-triggerer"):
+        assert not any(v.startswith(("SETTLE_", "AIRFLOW_CONN_")) for v in _env(SERVICES[name]))

@@ -69,7 +69,13 @@ def test_eod_shape(dags: dict) -> None:
     assert {"prepare", "wait_for_close", "choose_source", "settle_from_kafka", "settle_from_db",
             "validate_and_report", "publish_report"} <= ids
     assert dag.get_task("wait_for_close").mode == "reschedule"
-    assert dag.get_task("settle_from_kafka").task_type == "SparkSubmitOperator"
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    for source in ("kafka", "db"):
+        op = dag.get_task(f"settle_from_{source}")
+        assert isinstance(op, SparkSubmitOperator) and op._conn_id == "spark_default"
+        # Database URLs carry passwords: built at run time, never templated from an XCom.
+        assert not op.env_vars, op.env_vars
     assert dag.get_task("choose_source").downstream_task_ids == {"settle_from_kafka",
                                                                  "settle_from_db"}
 

@@ -13,7 +13,7 @@ import pytest
 from settlement.db import connect
 from settlement.eod import run_eod
 from settlement.gateway import DayGenerator, SimulationSpec, simulate
-from settlement.sources import choose_source
+from settlement.sources import NoSource, choose_source
 from tests.conftest import Isolated
 from tests.helpers import start_site, wait_exit
 
@@ -124,3 +124,51 @@ def test_kafka_ranges_cover_the_day(settled_day: Isolated) -> None:
     assert {p: off + 1 for p, off in markers} == {p: e for p, (_, e) in
                                                   choice.kafka_ranges.items()}
     json.dumps(choice.as_dict())  # recorded in settlement_runs.offsets
+
+
+def test_falls_back_when_the_days_offsets_are_no_longer_retained(settled_day: Isolated) -> None:
+    """Retention (here: an operator's delete-records) moved a partition's log start past the
+    day's first trade: Kafka no longer holds the whole day, so the ledger settles it."""
+    from confluent_kafka import TopicPartition
+
+    from settlement.kafka_admin import admin_client
+
+    s = settled_day.settings
+    first = _table(s.ledger_dsn("a"), "select min(kafka_offset) from trades"
+                   " where trade_date = %s and kafka_partition = 0")[0][0]
+    admin = admin_client(s)
+    for fut in admin.delete_records([TopicPartition(s.topic, 0, first + 1)],
+                                    request_timeout=30).values():
+        fut.result()
+    choice = choose_source(s, DATE)
+    assert choice.source == "db" and choice.ledgers == ("a",)
+    assert "the day's offsets are no longer retained in Kafka: partition 0 now starts at " \
+           f"offset {first + 1}" in choice.reason
+    out = run_eod(s, DATE, source="auto", validate=False)
+    assert out["source"] == "db" and out["trades"] == SPEC.trades
+
+
+def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolated) -> None:
+    """The topic was recreated (say, a cluster rebuilt from scratch) and holds other data: the
+    offsets the ledger recorded for the close markers no longer hold them."""
+    from settlement.kafka_admin import admin_client, ensure_topic
+    from tests.helpers import wait_for
+
+    s = settled_day.settings
+    admin = admin_client(s)
+    admin.delete_topics([s.topic], operation_timeout=30)[s.topic].result()
+    wait_for(lambda: s.topic not in admin.list_topics(timeout=5).topics, 30, "topic deletion")
+
+    def recreate() -> bool:
+        try:
+            return ensure_topic(s) in ("created", "exists")
+        except Exception:  # noqa: BLE001 - deletion still settling on some broker
+            return False
+
+    wait_for(recreate, 60, "topic re-creation", interval=1)
+    simulate(s, SimulationSpec("2026-11-26", SPEC.trades + 500, seed=9, txn_size=500))
+    choice = choose_source(s, DATE, timeout=5)
+    assert choice.source == "db" and choice.ledgers == ("a",)
+    assert f"for {DATE} is not at offset" in choice.reason, choice.reason
+    with pytest.raises(NoSource, match="--source kafka was requested"):
+        choose_source(s, DATE, requested="kafka", timeout=5)

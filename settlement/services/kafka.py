@@ -99,12 +99,7 @@ class KafkaNode:
                 "process.roles=broker,controller",
                 f"node.id={self.node_id}",
                 f"controller.quorum.voters={voters}",
-                f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
-                f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                "controller.listener.names=CONTROLLER",
-                "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                *self._listeners(),
                 f"log.dirs={self.root / 'data'}",
                 f"num.partitions={s.partitions}",
                 f"default.replication.factor={rf}",
@@ -123,12 +118,50 @@ class KafkaNode:
             ]
         )
 
+    def _listeners(self) -> list[str]:
+        s = self.settings
+        name = "SASL_PLAINTEXT" if s.embedded_sasl else "PLAINTEXT"
+        lines = [
+            f"listeners={name}://127.0.0.1:{self.port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners={name}://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            f"inter.broker.listener.name={name}",
+        ]
+        if not s.embedded_sasl:
+            return lines + [
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
+        user, password, mech = s.kafka_sasl_username, s.kafka_sasl_password, s.kafka_sasl_mechanism
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+        return lines + [
+            # Clients and brokers authenticate with SCRAM; the users live in the metadata log
+            # (the admin is added when storage is formatted, others by `settle kafka init`).
+            # SCRAM cannot guard the controller listener (its credentials are not loaded
+            # yet when controllers talk), so that one uses PLAIN with a static admin entry:
+            # no listener accepts an anonymous client.
+            "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,"
+            "CONTROLLER:SASL_PLAINTEXT",
+            f"listener.name.sasl_plaintext.sasl.enabled.mechanisms={mech}",
+            f"sasl.mechanism.inter.broker.protocol={mech}",
+            f"listener.name.sasl_plaintext.{mech.lower()}.sasl.jaas.config={scram} required "
+            f'username="{user}" password="{password}";',
+            "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+            "sasl.mechanism.controller.protocol=PLAIN",
+            f"listener.name.controller.plain.sasl.jaas.config={plain} required "
+            f'username="{user}" password="{password}" user_{user}="{password}";',
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found=false",
+            f"super.users=User:{user}",
+        ]
+
     def running(self) -> bool:
         return self.pidfile.alive_pid() is not None and port_open(self.port)
 
     def format_storage(self, cluster_id: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.properties())
+        self.config_path.chmod(0o600)  # holds the admin password when SASL is on
         (self.root / "log4j2.properties").write_text(LOG4J2)
         if (self.root / "data" / "meta.properties").exists():
             return
@@ -138,11 +171,18 @@ class KafkaNode:
              # "=": a random base64 id may start with "-", which a separate argument
              # would turn into an unknown option.
              "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-             "-c", str(self.config_path), "--ignore-formatted"],
+             "-c", str(self.config_path), "--ignore-formatted", *self._scram_bootstrap()],
             capture_output=True, text=True,
         )
         if res.returncode != 0:
             raise ServiceError(f"formatting Kafka storage failed: {res.stderr or res.stdout}")
+
+    def _scram_bootstrap(self) -> list[str]:
+        s = self.settings
+        if not s.embedded_sasl:
+            return []
+        return ["--add-scram", f"{s.kafka_sasl_mechanism}=[name={s.kafka_sasl_username},"
+                f"password={s.kafka_sasl_password}]"]
 
     def start(self) -> subprocess.Popen[bytes]:
         ensure_port_free(self.port, "SETTLE_KAFKA_PORT")
@@ -226,7 +266,8 @@ class EmbeddedKafka:
 
         try:
             md = AdminClient(
-                {"bootstrap.servers": self.settings.bootstrap(n), "log_level": 0}
+                {**self.settings.kafka_client_config(),
+                 "bootstrap.servers": self.settings.bootstrap(n), "log_level": 0}
             ).list_topics(timeout=2)
         except Exception:
             return False

@@ -90,6 +90,8 @@ class DayRead:
     malformed: int
     close_markers: dict[int, int]  # partition -> last_seq
     cached: DataFrame  # what to unpersist once the deduplicated day is cached
+    # trade_id is already unique (one ledger: a unique constraint), so no dedupe pass.
+    unique_ids: bool = False
 
 
 def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
@@ -111,14 +113,15 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         # exchange sequence numbers are checked against the close markers afterwards.
         .option("failOnDataLoss", "false")
         .load()
-        .persist()  # parsed three ways below: read the broker once
     )
-    parsed = T.parse_kafka_values(raw, settings.max_message_bytes)
+    # Split three ways below: read the broker, parse and check each message once.
+    classified = T.classify_kafka_values(raw, settings.max_message_bytes).persist()
+    parsed = T.split_classified(classified)
     malformed = parsed.malformed.count()
     closes = {int(r["kafka_partition"]): int(r["last_seq"])
               for r in parsed.closes.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
               .collect()}
-    return DayRead(parsed.trades, malformed, closes, raw)
+    return DayRead(parsed.trades, malformed, closes, classified)
 
 
 def read_db(spark: SparkSession, settings: Settings, ledgers: tuple[str, ...], trade_date: str
@@ -143,8 +146,9 @@ def read_db(spark: SparkSession, settings: Settings, ledgers: tuple[str, ...], t
     out = frames[0]
     for other in frames[1:]:
         out = out.unionByName(other)
-    out = out.persist()
-    return DayRead(out, 0, closes, out)
+    if len(frames) > 1:  # only a union can hold a trade twice; dedupe() then reads it twice
+        out = out.persist()
+    return DayRead(out, 0, closes, out, unique_ids=len(frames) == 1)
 
 
 def settle(spark: SparkSession, settings: Settings, trade_date: str, choice: SourceChoice
@@ -154,9 +158,13 @@ def settle(spark: SparkSession, settings: Settings, trade_date: str, choice: Sou
     read = (read_kafka(spark, settings, choice, trade_date) if choice.source == "kafka"
             else read_db(spark, settings, choice.ledgers, trade_date))
     day_raw = read.trades.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
-    trades = T.dedupe_trades(day_raw).persist()
-    n_raw = day_raw.count()
-    n = trades.count()
+    if read.unique_ids:
+        trades = day_raw.persist()
+        n_raw = n = trades.count()
+    else:
+        trades = T.dedupe_trades(day_raw).persist()
+        n_raw = day_raw.count()
+        n = trades.count()
     timings["read_seconds"] = round(time.perf_counter() - t0, 3)
 
     t1 = time.perf_counter()

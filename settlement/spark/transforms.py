@@ -150,7 +150,16 @@ class ParsedBatch(NamedTuple):
 
 def parse_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> ParsedBatch:
     """Split a Kafka batch (``key, value, partition, offset[, headers]``) into valid trades,
-    malformed messages with a reason, and market-close markers.
+    malformed messages with a reason, and market-close markers: ``split_classified`` of
+    ``classify_kafka_values``. Persist the classified frame in between when more than one of
+    the three is evaluated, so that each message is parsed and checked once."""
+    return split_classified(classify_kafka_values(raw, max_value_bytes))
+
+
+def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> DataFrame:
+    """One row per message: its partition and offset, ``reason`` (NULL when valid), the
+    message type, the typed trade and close-marker fields, and the raw bytes of a malformed
+    message only (valid rows carry NULL there, which keeps a cached batch small).
 
     A message is a close marker when its ``type`` header is ``close``, a trade when the header
     is ``trade`` or absent; any other type is malformed. A trade is malformed (first failing
@@ -179,26 +188,38 @@ def parse_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> Pa
         close.alias("_c"),
     )
     classified = staged.withColumn("reason", _first_failure(_checks(max_value_bytes)))
-    valid = F.col("reason").isNull()
-    t = F.col("_t")
-    trades = classified.where(valid & (F.col("_kind") == "trade")).select(
+    t, c = F.col("_t"), F.col("_c")
+    return classified.select(
+        "kafka_partition",
+        "kafka_offset",
+        "reason",
+        "_kind",
+        F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
         t["trade_id"].alias("trade_id"),
         t["trade_date"].try_cast(DateType()).alias("trade_date"),
         t["seq"].alias("seq"),
-        "kafka_partition",
-        "kafka_offset",
         t["symbol"].alias("symbol"),
         t["price"].try_cast(PRICE).alias("price"),
         t["quantity"].alias("quantity"),
         t["buyer"].alias("buyer"),
         t["seller"].alias("seller"),
         t["executed_at"].try_cast(TimestampType()).alias("executed_at"),
+        c["trade_date"].try_cast(DateType()).alias("_close_date"),
+        c["last_seq"].alias("_last_seq"),
     )
-    closes = classified.where(valid & (F.col("_kind") == "close")).select(
-        F.col("_c.trade_date").try_cast(DateType()).alias("trade_date"),
+
+
+def split_classified(classified: DataFrame) -> ParsedBatch:
+    """The three views of ``classify_kafka_values``' output."""
+    valid = F.col("reason").isNull()
+    kind = F.col("_kind")
+    trades = classified.where(valid & (kind == "trade")).select(
+        [f.name for f in TRADE_SCHEMA])
+    closes = classified.where(valid & (kind == "close")).select(
+        F.col("_close_date").alias("trade_date"),
         "kafka_partition",
         "kafka_offset",
-        F.col("_c.last_seq").alias("last_seq"),
+        F.col("_last_seq").alias("last_seq"),
     )
     malformed = classified.where(~valid).select("kafka_partition", "kafka_offset", "raw", "reason")
     return ParsedBatch(trades, malformed, closes)

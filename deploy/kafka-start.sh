@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Starts one apache/kafka KRaft node (broker + controller) with authentication and ACLs.
+#
+# docker-compose.yml mounts this file read-only and makes it the brokers' entrypoint, because
+# the image's own /etc/kafka/docker/run formats storage without `--add-scram`: in KRaft the
+# SCRAM credentials live in the metadata log, so the first (super) user has to be written
+# into the bootstrap metadata when storage is formatted, before any broker accepts a client.
+#
+# What it does:
+#   1. server.properties from the KAFKA_* environment, with the image's naming convention:
+#      strip KAFKA_, then `___` -> `-`, `__` -> `_`, `_` -> `.`, lower case
+#      (KAFKA_LISTENER_NAME_BROKER_SASL_ENABLED_MECHANISMS ->
+#      listener.name.broker.sasl.enabled.mechanisms). JVM and launcher variables
+#      (KAFKA_OPTS, KAFKA_HEAP_OPTS, ...) and the admin credentials are not properties.
+#   2. The secret-bearing JAAS entries, from KAFKA_ADMIN_USER / KAFKA_ADMIN_PASSWORD:
+#      SCRAM for the client + inter-broker listener, PLAIN for the controller listener
+#      (SCRAM cannot guard it: controllers talk before the credentials are loaded).
+#   3. admin-client.properties (the admin's SCRAM login) for the healthcheck and operators'
+#      CLI tools: kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties
+#   4. kafka-storage.sh format --ignore-formatted --add-scram SCRAM-SHA-512=[name=admin,...]
+#      (a no-op once the volume holds data: later password changes go through the API).
+#   5. exec kafka-server-start.sh.
+#
+# `kafka-start.sh --render-only DIR` does steps 1-3 into DIR and exits (used by the tests).
+set -euo pipefail
+
+render_only=""
+if [[ ${1:-} == "--render-only" ]]; then
+  render_only=${2:?usage: kafka-start.sh --render-only DIR}
+fi
+conf_dir=${render_only:-/opt/kafka/config}
+props=$conf_dir/server.properties
+client_props=$conf_dir/admin-client.properties
+
+die() { echo "kafka-start: $*" >&2; exit 1; }
+
+[[ -n ${CLUSTER_ID:-} ]] || die "CLUSTER_ID is not set (KAFKA_CLUSTER_ID in .env)"
+[[ -n ${KAFKA_NODE_ID:-} ]] || die "KAFKA_NODE_ID is not set"
+[[ -n ${KAFKA_ADMIN_PASSWORD:-} ]] || die "KAFKA_ADMIN_PASSWORD is not set (see .env.example)"
+admin_user=${KAFKA_ADMIN_USER:-admin}
+admin_password=$KAFKA_ADMIN_PASSWORD
+
+# The credentials are written into JAAS strings, a properties file and the --add-scram
+# argument (which splits on commas): allow only characters that are literal in all three.
+safe='^[A-Za-z0-9._+/@%^*~-]{1,128}$'
+[[ $admin_user =~ $safe ]] || die "KAFKA_ADMIN_USER: use only letters, digits and ._+/@%^*~-"
+[[ $admin_password =~ $safe ]] ||
+  die "KAFKA_ADMIN_PASSWORD: use only letters, digits and ._+/@%^*~- (e.g. openssl rand -hex 24)"
+
+listener_of() { # KAFKA_INTER_BROKER_LISTENER_NAME -> listener name in property keys
+  local value=${!1:-}
+  [[ -n $value ]] || die "$1 is not set"
+  printf '%s' "${value,,}"
+}
+broker_listener=$(listener_of KAFKA_INTER_BROKER_LISTENER_NAME)
+controller_listener=$(listener_of KAFKA_CONTROLLER_LISTENER_NAMES)
+[[ $controller_listener != *,* ]] || die "KAFKA_CONTROLLER_LISTENER_NAMES: expected one name"
+scram=${KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL:-SCRAM-SHA-512}
+[[ $scram == SCRAM-SHA-256 || $scram == SCRAM-SHA-512 ]] ||
+  die "KAFKA_SASL_MECHANISM_INTER_BROKER_PROTOCOL: expected SCRAM-SHA-256 or SCRAM-SHA-512"
+[[ ${KAFKA_SASL_MECHANISM_CONTROLLER_PROTOCOL:-PLAIN} == PLAIN ]] ||
+  die "KAFKA_SASL_MECHANISM_CONTROLLER_PROTOCOL: this script configures PLAIN for controllers"
+
+property_name() {
+  local key=${1#KAFKA_}
+  key=${key//___/$'\x01'}
+  key=${key//__/$'\x02'}
+  key=${key//_/.}
+  key=${key//$'\x01'/-}
+  key=${key//$'\x02'/_}
+  printf '%s' "${key,,}"
+}
+
+render_properties() {
+  local name
+  for name in $(compgen -e | LC_ALL=C sort); do
+    case $name in
+      KAFKA_*) ;;
+      *) continue ;;
+    esac
+    case $name in
+      KAFKA_ADMIN_USER | KAFKA_ADMIN_PASSWORD | KAFKA_OPTS | KAFKA_HEAP_OPTS | \
+        KAFKA_JVM_PERFORMANCE_OPTS | KAFKA_GC_LOG_OPTS | KAFKA_LOG4J_OPTS | KAFKA_JMX_OPTS | \
+        KAFKA_JMX_PORT | KAFKA_JMX_HOSTNAME | KAFKA_DEBUG | KAFKA_HOME | KAFKA_VERSION)
+        continue ;;
+    esac
+    printf '%s=%s\n' "$(property_name "$name")" "${!name}"
+  done
+}
+
+scram_module=org.apache.kafka.common.security.scram.ScramLoginModule
+plain_module=org.apache.kafka.common.security.plain.PlainLoginModule
+scram_jaas="$scram_module required username=\"$admin_user\" password=\"$admin_password\";"
+
+umask 077
+mkdir -p "$conf_dir"
+{
+  echo "# Written by kafka-start.sh at container start from the KAFKA_* environment."
+  render_properties
+  # Client and inter-broker listener: SCRAM; the broker logs in to its peers as the admin.
+  echo "listener.name.$broker_listener.${scram,,}.sasl.jaas.config=$scram_jaas"
+  # Controller listener: PLAIN with one static user (the admin), client and server side.
+  echo "listener.name.$controller_listener.plain.sasl.jaas.config=$plain_module required" \
+    "username=\"$admin_user\" password=\"$admin_password\"" \
+    "user_$admin_user=\"$admin_password\";"
+} >"$props"
+{
+  echo "security.protocol=SASL_PLAINTEXT"
+  echo "sasl.mechanism=$scram"
+  echo "sasl.jaas.config=$scram_jaas"
+} >"$client_props"
+
+if [[ -n $render_only ]]; then
+  exit 0
+fi
+
+/opt/kafka/bin/kafka-storage.sh format --ignore-formatted \
+  --cluster-id="$CLUSTER_ID" --config "$props" \
+  --add-scram "$scram=[name=$admin_user,password=$admin_password]"
+
+exec /opt/kafka/bin/kafka-server-start.sh "$props"
