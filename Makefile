@@ -76,7 +76,7 @@ demo: setup
 
 # Airflow's UI on our DAGs and the embedded services (AIRFLOW_PORT=8080 by default).
 airflow: setup
-	$(PY) -m settlement.airflow_ui
+	$(PY) -m settlement.orchestration.ui
 
 bench: setup
 	$(PY) benchmarks/ingest.py

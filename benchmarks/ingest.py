@@ -28,8 +28,8 @@ from consumers.site import Site, SiteOptions, consumer_config  # noqa: E402
 from settlement import services  # noqa: E402
 from settlement.config import Settings, load_settings  # noqa: E402
 from settlement.db import connect, ensure_database, migrate_database  # noqa: E402
-from settlement.gateway import DayGenerator, SimulationSpec, simulate  # noqa: E402
-from settlement.kafka_admin import ensure_topic  # noqa: E402
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate  # noqa: E402
+from settlement.kafka.admin import ensure_topic  # noqa: E402
 
 DATE = "2026-11-24"
 

@@ -29,9 +29,9 @@ from consumers.site import Site, SiteOptions  # noqa: E402
 from settlement import services  # noqa: E402
 from settlement.config import Settings, load_settings  # noqa: E402
 from settlement.db import connect  # noqa: E402
-from settlement.eod import run_eod  # noqa: E402
-from settlement.gateway import SimulationSpec, simulate  # noqa: E402
-from settlement.namespace import drop_namespace, namespace_env, reset_namespace  # noqa: E402
+from settlement.eod.pipeline import run_eod  # noqa: E402
+from settlement.simulator.gateway import SimulationSpec, simulate  # noqa: E402
+from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace  # noqa: E402
 from settlement.spark.session import build_session  # noqa: E402
 
 DATE = "2026-11-24"

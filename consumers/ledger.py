@@ -15,9 +15,12 @@ from typing import Any
 
 import psycopg
 
+from settlement.contract import STAGE_COLUMNS
 from settlement.db import q
 
 BEGINNING = -1  # stored next_offset meaning "from the start of the partition"
+# The parser's COPY lines carry these columns, in this order (settlement.contract).
+_COPY_STAGE = f"copy trades_stage ({', '.join(STAGE_COLUMNS)}) from stdin"
 
 
 class Fenced(RuntimeError):
@@ -107,11 +110,7 @@ class Ledger:
                     raise Fenced(moved)
                 inserted = 0
                 if batch.copy_lines:
-                    with cur.copy(
-                        "copy trades_stage (trade_id, trade_date, seq, kafka_partition,"
-                        " kafka_offset, symbol, price, quantity, buyer, seller, executed_at,"
-                        " site) from stdin"
-                    ) as copy:
+                    with cur.copy(_COPY_STAGE) as copy:
                         copy.write("".join(batch.copy_lines))
                     cur.execute(q("ingest", "insert_staged"))
                     inserted = cur.rowcount

@@ -22,7 +22,8 @@ import psycopg
 from consumers.ledger import BEGINNING, Batch, BatchResult, Fenced, Ledger
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement.config import Settings
-from settlement.gateway import TRADE_HEADERS
+from settlement.contract import TRADE_HEADERS, group_id
+from settlement.kafka.admin import topic_partitions
 
 log = logging.getLogger("settle.site")
 
@@ -34,10 +35,6 @@ class SiteOptions:
     until_close: bool = False
     trade_date: str | None = None
     max_seconds: float | None = None
-
-
-def group_id(site: str, scheme: str) -> str:
-    return f"settlement-site-{site}" if scheme == "separate" else "settlement-shared"
 
 
 def consumer_config(settings: Settings, site: str, scheme: str) -> dict[str, Any]:
@@ -319,8 +316,6 @@ class Site:
         return closed, d
 
     def _partition_count(self) -> int:
-        from settlement.gateway import topic_partitions
-
         return topic_partitions(self.settings)
 
 

@@ -10,14 +10,16 @@ one trade date:
 2. **choose_source**: Kafka when it holds the whole day, else the ledger database; the
    reason is in this task's log and its `source_reason` XCom;
 3. **settle_from_kafka / settle_from_db**: the PySpark job via `spark-submit` on the
-   `spark_default` connection (master `local[2]` embedded, a cluster in production);
-4. **validate_and_report**: Great Expectations (no trade lost, none duplicated, sites
-   reconcile, netting balances) and the audit report (HTML + JSON, also in PostgreSQL);
-5. **publish_report**: names the report; fails the run if validation failed.
+   `spark_default` connection (master `local[2]` embedded, a cluster in production). One
+   job reads the day once, settles it, validates it in hand with Great Expectations (no
+   trade lost, none duplicated, sites reconcile, netting balances), publishes the results
+   and writes the audit report (HTML + JSON, also in PostgreSQL);
+4. **publish_report**: reads the run's record, names the report; fails the run if
+   validation failed.
 
 Params: `trade_date` (YYYY-MM-DD, default: the scheduled day) and `source` (auto|kafka|db).
 Connections: `kafka_default`, `settlement_db`, `ledger_a`, `ledger_b`, `ledger_shared`,
-`spark_default`. Logic lives in `settlement.orchestration`; reruns of a date are idempotent.
+`spark_default`. Logic lives in `settlement.orchestration.tasks`; reruns of a date are idempotent.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
-from settlement import orchestration as orch
-from settlement.airflow_operators import SettlementSparkSubmitOperator
+from settlement.orchestration import tasks as orch
+from settlement.orchestration.operators import SettlementSparkSubmitOperator
 
 
 @dag(
@@ -66,7 +68,7 @@ def eod_settlement() -> None:
 
     @task.branch
     def choose_source(day: str, params: dict, ti=None) -> str:  # noqa: ANN001
-        from settlement.sources import choose_source as choose
+        from settlement.eod.sources import choose_source as choose
 
         choice = choose(orch.settings_from_airflow(), day, params["source"])
         print(f"source: {choice.source} -- {choice.reason}")
@@ -81,33 +83,21 @@ def eod_settlement() -> None:
             name=f"settlement-{source}",
             application_args=[
                 "--date", "{{ ti.xcom_pull(task_ids='wait_for_close') }}",
-                "--source", source, "--no-validate", "--reason",
+                "--source", source, "--reason",
                 "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
         )
 
     @task(trigger_rule="none_failed_min_one_success")
-    def validate_and_report(day: str) -> dict:
-        from settlement.validation.gather import validate_stored_run
-
-        out = validate_stored_run(orch.settings_from_airflow(), day)
-        return {k: out[k] for k in ("run_id", "trade_date", "source", "source_reason",
-                                    "trades", "validation_success", "report_path")} | {
-            "failures": [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
-                         for f in out["validation"]["failures"]]}
-
-    @task
-    def publish_report(outcome: dict) -> str:
-        return orch.publish_report(outcome)
+    def publish_report(day: str) -> str:
+        return orch.publish_report(orch.run_outcome(orch.settings_from_airflow(), day))
 
     job = prepare()
     day = wait_for_close(job)
     branch = choose_source(day)
     settled = [settle("kafka"), settle("db")]
-    checked = validate_and_report(day)
-    branch >> settled >> checked
-    publish_report(checked)
+    branch >> settled >> publish_report(day)
 
 
 eod_settlement()

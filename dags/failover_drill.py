@@ -48,7 +48,7 @@ from airflow.sdk import Param, dag, task
 def failover_drill() -> None:
     @task(retries=0)  # a drill that failed is a finding, not a flake to retry away
     def run_drill(params: dict) -> dict:
-        from settlement.orchestration import run_drill_task
+        from settlement.orchestration.tasks import run_drill_task
 
         return run_drill_task(params)
 

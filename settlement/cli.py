@@ -82,21 +82,22 @@ def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_kafka(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.kafka_security import Grant, init
+    from settlement.kafka.security import Grant, init
 
     return init(s, [Grant.parse(g) for g in args.grant])
 
 
 def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.db import migrate_all, write_schema_file
+    from settlement.db import migrate_all
+    from settlement.services.schema import write_schema_file
 
     if args.action == "schema":
-        return {"schema_file": write_schema_file(s)}
+        return {"schema_file": write_schema_file(s, args.output)}
     return {"databases": migrate_all(s)}
 
 
 def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.gateway import SimulationSpec, simulate
+    from settlement.simulator.gateway import SimulationSpec, simulate
 
     spec = SimulationSpec(
         trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
@@ -114,7 +115,7 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.eod import run_eod
+    from settlement.eod.pipeline import run_eod
 
     out = run_eod(s, args.date, source=args.source)
     if out.get("validation_success") is False:
@@ -124,7 +125,7 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.validation.gather import validate_only
+    from settlement.eod.pipeline import validate_only
 
     out = validate_only(s, args.date, source=args.source)
     if not out["success"]:
@@ -134,7 +135,7 @@ def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_drill(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement import drill
+    from settlement.drills import drill
 
     if args.action == "campaign":
         results = drill.run_campaign(args.runs, args.seed, trades=args.trades, base=s)
@@ -200,7 +201,7 @@ def _print_drills(out: dict[str, Any]) -> None:
 def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     import datetime as dt
 
-    from settlement.demo import DemoOptions, run_demo
+    from settlement.drills.demo import DemoOptions, run_demo
 
     day = args.date or dt.date.today().isoformat()
     return run_demo(DemoOptions(trade_date=day, scheme=args.scheme, trades=args.trades,
@@ -241,13 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["migrate", "schema"],
                     help="migrate: apply sql/migrations everywhere; schema: regenerate "
                          "sql/schema.sql")
+    sp.add_argument("--output", type=Path, default=None, metavar="FILE",
+                    help="schema: write here instead of sql/schema.sql (default: %(default)s)")
 
     sp = add("kafka", "prepare a Kafka cluster: the trades topic, users and ACLs (as admin)")
     sp.add_argument("action", choices=["init"])
     sp.add_argument("--grant", action="append", default=[], metavar="ROLE:USER[:PASSWORD_ENV]",
                     help="create or update USER (password from the environment variable "
-                         "PASSWORD_ENV) with the ACLs of ROLE: gateway, site or settlement; "
-                         "repeatable")
+                         "PASSWORD_ENV) with the ACLs of ROLE: gateway, site-a, site-b or "
+                         "settlement; repeatable")
 
     sp = add("simulate", "publish one trading day to the trades topic")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")

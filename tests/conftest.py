@@ -66,7 +66,7 @@ class Isolated:
 
 @pytest.fixture
 def isolated(services: Settings) -> Iterator[Isolated]:
-    from settlement.namespace import drop_namespace, namespace_env, reset_namespace
+    from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
 
     name = f"t{uuid.uuid4().hex[:10]}"
     env = namespace_env(services, name)

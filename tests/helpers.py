@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from settlement import runner
+from settlement.drills import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTLE = [sys.executable, "-m", "settlement.cli"]

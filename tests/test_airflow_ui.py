@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from settlement.airflow_ui import USER, start, wait_ready
+from settlement.orchestration.ui import USER, start, wait_ready
 from tests.conftest import Isolated
 from tests.helpers import CHROMIUM_FLAGS, ROOT, ingest_day
 

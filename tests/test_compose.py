@@ -337,7 +337,7 @@ def test_kafka_init_creates_one_least_privilege_user_per_component() -> None:
     env = _env(svc)
     assert svc["image"] == APP_IMAGE and svc["restart"] == "no"
     grants = _grants()
-    from settlement.kafka_security import ROLES
+    from settlement.kafka.security import ROLES
 
     assert {role for role, _ in grants.values()} == set(ROLES)
     assert {user: role for user, (role, _) in grants.items()} == \
@@ -450,7 +450,7 @@ def test_airflow_metadata_db_drivers_are_installed() -> None:
 
 
 def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> None:
-    from settlement.orchestration import airflow_connections
+    from settlement.orchestration.tasks import airflow_connections
 
     env = _env(SERVICES["airflow-scheduler"])
     needed = set(airflow_connections(Settings()))

@@ -96,7 +96,7 @@ def airflow_db() -> Iterator[None]:
 
 
 def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN202
-    from settlement.orchestration import airflow_connections
+    from settlement.orchestration.tasks import airflow_connections
 
     for k, v in airflow_connections(iso.settings).items():
         monkeypatch.setenv(k, v)
@@ -150,7 +150,7 @@ def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
 @pytest.mark.services
 def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,  # noqa: ANN001
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from settlement.orchestration import airflow_connections
+    from settlement.orchestration.tasks import airflow_connections
 
     for k, v in airflow_connections(services).items():
         monkeypatch.setenv(k, v)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from settlement import drill
+from settlement.drills import drill
 from settlement.config import Settings
 
 pytestmark = pytest.mark.services

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from settlement.gateway import DayGenerator, SimulationSpec, murmur2, partition_for
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, murmur2, partition_for
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from settlement.config import ConfigError, Settings
-from settlement.kafka_security import Grant, role_acls
+from settlement.kafka.security import Grant, role_acls
 from settlement.services.kafka import EmbeddedKafka
 from tests.helpers import settle
 
@@ -206,7 +206,7 @@ def test_only_the_gateway_may_write() -> None:
     assert AclOperation.READ not in {b.operation for b in role_acls("gateway", "g", "trades")}
 
 
-def test_embedded_broker_rejects_unsupported_security(tmp_path: Path) -> None:
+def test_embedded_broker_rejects_unsupported_security() -> None:
     with pytest.raises(ConfigError, match="SASL_PLAINTEXT"):
         _ = Settings(kafka_security_protocol="SASL_SSL", kafka_sasl_username="a",
                      kafka_sasl_password="b").embedded_sasl

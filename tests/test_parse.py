@@ -8,7 +8,7 @@ import random
 import pytest
 
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
-from settlement.gateway import MALFORMED_KINDS, DayGenerator, SimulationSpec, malformed_message
+from settlement.simulator.gateway import MALFORMED_KINDS, DayGenerator, SimulationSpec, malformed_message
 
 GOOD = {
     "trade_id": "T1", "trade_date": "2026-11-23", "seq": 1, "symbol": "AAPL",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from settlement.db import connect
-from settlement.eod import run_eod
+from settlement.eod.pipeline import run_eod
 from settlement.report.facts import failover_events
 from tests.conftest import Isolated
 from tests.helpers import ROOT, chromium, ingest_day, last_json
@@ -101,7 +101,7 @@ def test_failover_events_from_heartbeats() -> None:
 
 
 def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:  # noqa: ANN001
-    from settlement.sources import choose_source
+    from settlement.eod.sources import choose_source
 
     iso, sim = separate_day
     gone = {}

@@ -11,7 +11,8 @@ import pytest
 
 from settlement import services as svc
 from settlement.config import Settings, load_settings
-from settlement.db import SQL_DIR, connect, dump_schema, migrate_database, normalise_dump
+from settlement.db import SQL_DIR, connect, migrate_database
+from settlement.services.schema import dump_schema, normalise_dump
 from settlement.services.postgres import pg_bin
 from settlement.services.procs import ServiceError
 from tests.conftest import Isolated
@@ -31,7 +32,7 @@ def test_up_is_idempotent_and_status_reports(services: Settings) -> None:
 
 
 def test_topic_has_the_configured_partitions(services: Settings) -> None:
-    from settlement.kafka_admin import admin_client
+    from settlement.kafka.admin import admin_client
 
     md = admin_client(services).list_topics(services.topic, timeout=10)
     assert len(md.topics[services.topic].partitions) == services.partitions

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from settlement.db import connect
-from settlement.eod import run_eod
-from settlement.gateway import DayGenerator, SimulationSpec, simulate
-from settlement.sources import NoSource, choose_source
+from settlement.eod.pipeline import run_eod
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
+from settlement.eod.sources import NoSource, choose_source
 from tests.conftest import Isolated
 from tests.helpers import start_site, wait_exit
 
@@ -131,7 +131,7 @@ def test_falls_back_when_the_days_offsets_are_no_longer_retained(settled_day: Is
     day's first trade: Kafka no longer holds the whole day, so the ledger settles it."""
     from confluent_kafka import TopicPartition
 
-    from settlement.kafka_admin import admin_client
+    from settlement.kafka.admin import admin_client
 
     s = settled_day.settings
     first = _table(s.ledger_dsn("a"), "select min(kafka_offset) from trades"
@@ -151,7 +151,7 @@ def test_falls_back_when_the_days_offsets_are_no_longer_retained(settled_day: Is
 def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolated) -> None:
     """The topic was recreated (say, a cluster rebuilt from scratch) and holds other data: the
     offsets the ledger recorded for the close markers no longer hold them."""
-    from settlement.kafka_admin import admin_client, ensure_topic
+    from settlement.kafka.admin import admin_client, ensure_topic
     from tests.helpers import wait_for
 
     s = settled_day.settings

@@ -19,6 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructType
 
 from settlement.config import REPO_ROOT, load_settings
+from settlement.eod.model import CashObligation, Netting, netting, rows_of
+from settlement.spark import schemas as S
 from settlement.spark import transforms as T
 from settlement.spark.session import artifact_name, spark_jars
 from tests import spark_fixtures
@@ -65,6 +67,11 @@ def same(actual: DataFrame, expected: DataFrame) -> None:
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
 
 
+def _netting(obligations: DataFrame) -> Netting:
+    """The one netting computation (settlement.eod.model) over a frame's collected rows."""
+    return netting(rows_of(CashObligation, obligations.collect()))
+
+
 def d(value: str) -> Decimal:
     return Decimal(value)
 
@@ -93,9 +100,9 @@ def _sql_type(spark_type: Any) -> str:
 @pytest.mark.parametrize(
     ("table", "schema"),
     [
-        ("positions", T.POSITIONS_SCHEMA),
-        ("cash_obligations", T.CASH_OBLIGATIONS_SCHEMA),
-        ("instrument_summary", T.INSTRUMENT_SUMMARY_SCHEMA),
+        ("positions", S.POSITIONS_SCHEMA),
+        ("cash_obligations", S.CASH_OBLIGATIONS_SCHEMA),
+        ("instrument_summary", S.INSTRUMENT_SUMMARY_SCHEMA),
     ],
 )
 def test_output_schemas_match_the_tables(table: str, schema: StructType) -> None:
@@ -113,7 +120,7 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
             trade("t2", "XAU", "2.0000", 5, "A", "C"),
             trade("t3", "YEN", "100.0000", 1, "A", "B"),
         ],
-        T.TRADE_SCHEMA,
+        S.TRADE_SCHEMA,
     )
     pos = T.positions(trades, DAY)
     same(
@@ -127,7 +134,7 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
                 (DAY, "B", "YEN", 0, 1, -1, d("0"), d("100"), d("100"), 1),
                 (DAY, "C", "XAU", 0, 5, -5, d("0"), d("10"), d("10"), 1),
             ],
-            T.POSITIONS_SCHEMA,
+            S.POSITIONS_SCHEMA,
         ),
     )
     same(
@@ -139,13 +146,13 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
                 (DAY, "B", d("0"), d("115"), d("115"), 2),
                 (DAY, "C", d("0"), d("10"), d("10"), 1),
             ],
-            T.CASH_OBLIGATIONS_SCHEMA,
+            S.CASH_OBLIGATIONS_SCHEMA,
         ),
     )
 
 
 def test_one_trade(spark: SparkSession) -> None:
-    trades = frame(spark, [trade("t1", "XAU", "2345.6789", 3, "A", "B")], T.TRADE_SCHEMA)
+    trades = frame(spark, [trade("t1", "XAU", "2345.6789", 3, "A", "B")], S.TRADE_SCHEMA)
     pos = T.positions(trades, "2024-03-15")
     amount = d("7037.0367")
     same(
@@ -156,7 +163,7 @@ def test_one_trade(spark: SparkSession) -> None:
                 (DAY, "A", "XAU", 3, 0, 3, amount, d("0"), -amount, 1),
                 (DAY, "B", "XAU", 0, 3, -3, d("0"), amount, amount, 1),
             ],
-            T.POSITIONS_SCHEMA,
+            S.POSITIONS_SCHEMA,
         ),
     )
     same(
@@ -164,23 +171,23 @@ def test_one_trade(spark: SparkSession) -> None:
         frame(
             spark,
             [(DAY, "XAU", 1, 3, amount, d("2345.6789"), d("2345.6789"), d("2345.6789"))],
-            T.INSTRUMENT_SUMMARY_SCHEMA,
+            S.INSTRUMENT_SUMMARY_SCHEMA,
         ),
     )
     # Both legs settle in full: nothing was netted away.
-    assert T.netting(T.cash_obligations(pos)) == T.Netting(amount, 2 * amount, Decimal(0))
+    assert _netting(T.cash_obligations(pos)) == Netting(amount, 2 * amount, Decimal(0))
 
 
 def test_a_day_with_zero_trades(spark: SparkSession) -> None:
-    trades = frame(spark, [], T.TRADE_SCHEMA)
+    trades = frame(spark, [], S.TRADE_SCHEMA)
     pos = T.positions(T.dedupe_trades(trades), DAY)
     obligations = T.cash_obligations(pos)
     summary = T.instrument_summary(trades, DAY)
-    same(pos, frame(spark, [], T.POSITIONS_SCHEMA))
-    same(obligations, frame(spark, [], T.CASH_OBLIGATIONS_SCHEMA))
-    same(summary, frame(spark, [], T.INSTRUMENT_SUMMARY_SCHEMA))
-    assert T.netting_efficiency(obligations) is None
-    assert T.netting(obligations) == T.Netting(Decimal(0), Decimal(0), None)
+    same(pos, frame(spark, [], S.POSITIONS_SCHEMA))
+    same(obligations, frame(spark, [], S.CASH_OBLIGATIONS_SCHEMA))
+    same(summary, frame(spark, [], S.INSTRUMENT_SUMMARY_SCHEMA))
+    assert _netting(obligations).efficiency is None
+    assert _netting(obligations) == Netting(Decimal(0), Decimal(0), None)
 
 
 def test_duplicated_trade_ids_keep_the_earliest_copy(spark: SparkSession) -> None:
@@ -191,10 +198,10 @@ def test_duplicated_trade_ids_keep_the_earliest_copy(spark: SparkSession) -> Non
         trade("t2", "YEN", "2.0000", 2, "B", "A", partition=2, offset=5, seq=1),
         trade("t2", "YEN", "2.0000", 2, "B", "A", partition=2, offset=5, seq=1),
     ]
-    expected = frame(spark, [rows[2], rows[3]], T.TRADE_SCHEMA)
-    same(T.dedupe_trades(frame(spark, rows, T.TRADE_SCHEMA)), expected)
+    expected = frame(spark, [rows[2], rows[3]], S.TRADE_SCHEMA)
+    same(T.dedupe_trades(frame(spark, rows, S.TRADE_SCHEMA)), expected)
     # Same answer whatever the input order and spread over tasks.
-    shuffled = frame(spark, rows[::-1], T.TRADE_SCHEMA).repartition(3)
+    shuffled = frame(spark, rows[::-1], S.TRADE_SCHEMA).repartition(3)
     same(T.dedupe_trades(shuffled), expected)
 
 
@@ -205,7 +212,7 @@ def test_trades_of_other_dates_are_not_settled(spark: SparkSession) -> None:
             trade("t1", "XAU", "1.0000", 1, "A", "B"),
             trade("t0", "XAU", "9.0000", 9, "A", "B", day=OTHER_DAY),
         ],
-        T.TRADE_SCHEMA,
+        S.TRADE_SCHEMA,
     )
     rows = T.positions(trades, DAY).select("account", "net_qty").collect()
     assert sorted(map(tuple, rows)) == [("A", 1), ("B", -1)]
@@ -224,7 +231,7 @@ def test_multi_account_multi_symbol_day_balances(spark: SparkSession) -> None:
         trade("m4", "OIL", "80.9999", 3, "D", "B"),
         trade("m5", "OIL", "81.0001", 11, "B", "C"),
     ]
-    trades = frame(spark, rows, T.TRADE_SCHEMA)
+    trades = frame(spark, rows, S.TRADE_SCHEMA)
     pos = T.positions(trades, DAY)
     per_symbol = pos.groupBy("symbol").agg(F.sum("net_qty").alias("q"), F.sum("net_cash"))
     assert {r["symbol"]: r["q"] for r in per_symbol.collect()} == {"XAU": 0, "YEN": 0, "OIL": 0}
@@ -234,7 +241,7 @@ def test_multi_account_multi_symbol_day_balances(spark: SparkSession) -> None:
     obligations = T.cash_obligations(pos)
     assert obligations.agg(F.sum("net_cash")).collect()[0][0] == 0
     ring = T.cash_obligations(T.positions(trades.where(F.col("symbol") == "XAU"), DAY))
-    assert T.netting_efficiency(ring) == 1  # the ring nets out completely
+    assert _netting(ring).efficiency == 1  # the ring nets out completely
 
 
 def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
@@ -247,7 +254,7 @@ def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
             trade("v1", "XAU", "30.3226", 9664, "A", "B"),
             trade("v2", "XAU", "40.0845", 17897, "B", "A"),
         ],
-        T.TRADE_SCHEMA,
+        S.TRADE_SCHEMA,
     )
     row = T.instrument_summary(trades, DAY).collect()[0]
     assert row["notional"] == d("1010429.9029")
@@ -326,16 +333,16 @@ def test_parse_kafka_values(spark: SparkSession) -> None:
                 ("T-1", DAY, 1, 0, 0, "XAU", price, 3, "A", "B", at.replace(microsecond=123456)),
                 ("T-9", DAY, 1, 0, 30, "XAU", price, 3, "A", "B", at),
             ],
-            T.TRADE_SCHEMA,
+            S.TRADE_SCHEMA,
         ),
     )
-    same(parsed.closes, frame(spark, [(DAY, 0, 31, 1)], T.CLOSE_MARKERS_SCHEMA))
+    same(parsed.closes, frame(spark, [(DAY, 0, 31, 1)], S.CLOSE_MARKERS_SCHEMA))
     reasons = {r["kafka_offset"]: r["reason"] for r in parsed.malformed.collect()}
     expected = {offset: reason for offset, (_, reason) in MALFORMED.items()}
     expected[32] = "close marker for partition 4 arrived on partition 0"
     expected[33] = "unknown message type heartbeat"
     assert reasons == expected
-    assert parsed.malformed.schema == T.MALFORMED_SCHEMA
+    assert parsed.malformed.schema == S.MALFORMED_SCHEMA
 
 
 # -- a random day against plain Python -------------------------------------------------------
@@ -361,7 +368,7 @@ def _random_day(seed: int, n: int) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, T.Netting]:
+def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, Netting]:
     unique = {r[0]: r for r in rows if r[1] == DAY}
     pos: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, Decimal(0), Decimal(0), 0])
     summary: dict[str, list] = {}
@@ -399,26 +406,25 @@ def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, T.Netting]
         gross = sum((r[6] for r in positions), Decimal(0))
         net = sum((abs(r[4]) for r in obligations), Decimal(0))
         efficiency = (1 - net / (2 * gross)).quantize(Decimal("1e-10"), ROUND_HALF_UP)
-    return positions, obligations, instruments, T.Netting(gross, net, efficiency)
+    return positions, obligations, instruments, Netting(gross, net, efficiency)
 
 
 def test_random_day_matches_plain_python(spark: SparkSession) -> None:
     rows = _random_day(seed=20240315, n=500)
     positions, obligations, instruments, netting = _expected(rows)
 
-    trades = T.dedupe_trades(frame(spark, rows, T.TRADE_SCHEMA)).cache()
+    trades = T.dedupe_trades(frame(spark, rows, S.TRADE_SCHEMA)).cache()
     try:
         assert trades.count() == 501  # 500 + the other day's trade; replays removed
         pos = T.positions(trades, DAY).cache()
-        same(pos, frame(spark, positions, T.POSITIONS_SCHEMA))
+        same(pos, frame(spark, positions, S.POSITIONS_SCHEMA))
         cash = T.cash_obligations(pos)
-        same(cash, frame(spark, obligations, T.CASH_OBLIGATIONS_SCHEMA))
+        same(cash, frame(spark, obligations, S.CASH_OBLIGATIONS_SCHEMA))
         same(
             T.instrument_summary(trades, DAY),
-            frame(spark, instruments, T.INSTRUMENT_SUMMARY_SCHEMA),
+            frame(spark, instruments, S.INSTRUMENT_SUMMARY_SCHEMA),
         )
-        assert T.netting(cash) == netting
-        assert T.netting(pos) == netting  # from positions, |net| is still per account
+        assert _netting(cash) == netting
         assert 0 <= netting.efficiency < 1  # type: ignore[operator]
     finally:
         trades.unpersist()

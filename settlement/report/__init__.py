@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from settlement.config import Settings
 from settlement.db import connect, q
+from settlement.eod.model import SettlementResult, SourceChoice
 from settlement.report.facts import gather_facts
 from settlement.report.html import render_html
+from settlement.validation.run import ValidationOutcome
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,8 @@ class ReportFiles:
     json: Path
 
 
-def write_report(settings: Settings, run_id: int, trade_date: str, choice: Any, result: Any,
-                 outcome: Any) -> ReportFiles:
+def write_report(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
+                 result: SettlementResult, outcome: ValidationOutcome) -> ReportFiles:
     facts = gather_facts(settings, run_id, trade_date, choice, result, outcome)
     out = settings.reports_dir / trade_date
     out.mkdir(parents=True, exist_ok=True)

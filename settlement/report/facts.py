@@ -12,6 +12,8 @@ import psycopg
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import q
+from settlement.eod.model import SettlementResult, SourceChoice
+from settlement.validation.run import ValidationOutcome
 
 TOP_OBLIGATIONS = 10
 FAILOVER_GAP = dt.timedelta(seconds=3)  # heartbeats are 1 s apart; 3 missed = a dead site
@@ -84,17 +86,17 @@ def failover_events(beats: list[tuple[str, dt.datetime, list[int]]]) -> list[dic
     return sorted(events, key=lambda e: e["at"])
 
 
-def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Any, result: Any,
-                 outcome: Any) -> dict[str, Any]:
+def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
+                 result: SettlementResult, outcome: ValidationOutcome) -> dict[str, Any]:
     per_partition: dict[int, dict[str, Any]] = defaultdict(dict)
     for p, last in result.close_markers.items():
         per_partition[p]["last_seq"] = last
     for p, (start, end) in choice.kafka_ranges.items():
         per_partition[p]["offsets"] = [start, end]
-    if result.trades_df is not None:
-        for row in result.trades_df.groupBy("kafka_partition").count().collect():
-            per_partition[int(row[0])]["trades"] = int(row[1])
-    top = sorted(result.obligations, key=lambda r: abs(r[4]), reverse=True)[:TOP_OBLIGATIONS]
+    for p, n in result.trades_per_partition.items():
+        per_partition[p]["trades"] = n
+    top = sorted(result.obligations, key=lambda o: abs(o.net_cash),
+                 reverse=True)[:TOP_OBLIGATIONS]
     return {
         "title": f"Settlement audit report {trade_date}",
         "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -107,20 +109,22 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Any, 
         "duplicates_removed_in_settlement": result.duplicates_removed,
         "malformed_in_source": result.malformed,
         "partitions": {str(p): v for p, v in sorted(per_partition.items())},
-        "gross_notional": str(result.gross_notional),
-        "net_settlement": str(result.net_settlement),
-        "netting_efficiency": None if result.netting_efficiency is None
-        else str(result.netting_efficiency),
+        "gross_notional": str(result.netting.gross_notional),
+        "net_settlement": str(result.netting.net_settlement),
+        "netting_efficiency": None if result.netting.efficiency is None
+        else str(result.netting.efficiency),
         "accounts": len(result.obligations),
         "positions": len(result.positions),
         "largest_obligations": [
-            {"account": r[1], "net_cash": str(r[4]), "pays": r[4] < 0,
-             "buy_amount": str(r[2]), "sell_amount": str(r[3]), "trades": r[5]}
-            for r in top],
+            {"account": o.account, "net_cash": str(o.net_cash), "pays": o.net_cash < 0,
+             "buy_amount": str(o.buy_amount), "sell_amount": str(o.sell_amount),
+             "trades": o.trade_count}
+            for o in top],
         "instruments": [
-            {"symbol": r[1], "trades": r[2], "volume": r[3], "notional": str(r[4]),
-             "vwap": str(Decimal(r[5]).quantize(Decimal("0.0001")))}
-            for r in result.instruments],
+            {"symbol": i.symbol, "trades": i.trades, "volume": i.volume,
+             "notional": str(i.notional),
+             "vwap": str(Decimal(i.vwap).quantize(Decimal("0.0001")))}
+            for i in result.instruments],
         "validation": outcome.as_dict(),
         "ledgers": _ledger_facts(settings),
         "timings": result.timings,

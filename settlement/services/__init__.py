@@ -22,7 +22,7 @@ def _endpoints(settings: Settings, brokers: int) -> dict[str, Any]:
 
 def up(settings: Settings, brokers: int | None = None) -> dict[str, Any]:
     """Start whatever embedded service is not already running; idempotent."""
-    from settlement.kafka_admin import ensure_topic
+    from settlement.kafka.admin import ensure_topic
 
     n = brokers or settings.kafka_brokers
     result: dict[str, Any] = {}

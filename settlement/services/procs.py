@@ -17,9 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ServiceError(RuntimeError):
-    """A service could not be started or stopped; the message says what to do."""
+from settlement.errors import ServiceError
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,20 @@
 """Great Expectations validation of a settlement run: no trade lost, none duplicated.
 
-``validate_frames`` is the core (Spark frames in, verdict out); ``validate_run`` gathers the
-frames of a real run (the DataFrame the settlement used, the ledger tables over JDBC, Kafka
-when reachable, the written positions), records the verdict in ``settlement_runs`` and writes
-the audit report.
+``validate_frames`` is the core (Spark frames in, verdict out); ``validation.day`` hands it
+the frames a real run holds (the day it read and settled, the ledgers, the positions) and
+records the verdict in ``settlement_runs``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from settlement.validation.run import ValidationOutcome, register_views, run_suites
 
-__all__ = ["ValidationOutcome", "validate_frames", "validate_run"]
+__all__ = ["ValidationOutcome", "validate_frames"]
 
 _MARKERS = T.StructType([T.StructField("kafka_partition", T.IntegerType()),
                          T.StructField("last_seq", T.LongType())])
@@ -59,10 +57,3 @@ def validate_frames(
               "ledger_b_trades": ledger_b if ledger_a is not None else None,
               "positions": positions}
     return run_suites(frames, skip, only)
-
-
-def validate_run(settings: Any, run_id: int, trade_date: str, choice: Any, result: Any
-                 ) -> dict[str, Any]:
-    from settlement.validation.gather import gather_and_validate
-
-    return gather_and_validate(settings, run_id, trade_date, choice, result)

@@ -1,4 +1,4 @@
--- Named statements of the end-of-day settlement (settlement/sources.py, settlement/eod.py).
+-- Named statements of the end of day (settlement/eod/sources.py, settlement/eod/pipeline.py).
 
 -- name: close_markers
 select kafka_partition, last_seq, kafka_offset from close_markers
@@ -53,18 +53,11 @@ select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, s
        net_cash, trade_count
 from positions where trade_date = %(trade_date)s
 
--- name: stored_obligations
-select trade_date, account, buy_amount, sell_amount, net_cash, trade_count
-from cash_obligations where trade_date = %(trade_date)s
-
--- name: stored_instruments
-select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price
-from instrument_summary where trade_date = %(trade_date)s
-
--- name: latest_run
-select run_id, offsets, trades, duplicates_removed, malformed, gross_notional,
-       netting_efficiency, timings
+-- name: latest_run_any
+-- The newest run of the date whatever its outcome: what the DAG reports after spark-submit.
+select run_id, status, source, source_reason, trades, validation_success, validation,
+       report_path, error
 from settlement_runs
-where trade_date = %(trade_date)s and status = 'succeeded'
+where trade_date = %(trade_date)s
 order by run_id desc
 limit 1

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from settlement.config import ConfigError, Settings
+from settlement.contract import TRANSACTIONAL_ID, group_id
 
 ROLES = ("gateway", "site-a", "site-b", "settlement")
-# Kafka's SCRAM default; 4096 is the minimum Kafka accepts for SCRAM-SHA-512 in practice.
+# Iterations for new SCRAM credentials: Kafka accepts 4096 (its minimum) to 16384; more
+# iterations cost the broker more per login and an attacker more per guessed password.
 SCRAM_ITERATIONS = 8192
 # Settlement's consumer groups (prefixes): the source chooser's probe and Spark's batch Kafka
 # source (which names its internal groups spark-kafka-relation-...). It reads by assignment.
@@ -82,20 +84,17 @@ def role_acls(role: str, user: str, topic: str) -> list[Any]:
         ResourceType,
     )
 
-    from settlement.gateway import TRANSACTIONAL_ID
-
+    if role not in ROLES:
+        raise ConfigError(f"unknown Kafka role {role!r}: expected one of {', '.join(ROLES)}")
     principal = f"User:{user}"
     lit, pre = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
 
     def allow(rtype: Any, name: str, pattern: Any, op: Any) -> Any:
         return AclBinding(rtype, name, pattern, principal, "*", op, AclPermissionType.ALLOW)
 
-    from consumers.site import group_id
-
-    if role not in ROLES:
-        raise ConfigError(f"unknown Kafka role {role!r}: expected one of {', '.join(ROLES)}")
-    writes = role == "gateway"
-    topic_ops = (AclOperation.WRITE if writes else AclOperation.READ, AclOperation.DESCRIBE)
+    # Only the gateway publishes; everyone else reads.
+    topic_ops = (AclOperation.WRITE if role == "gateway" else AclOperation.READ,
+                 AclOperation.DESCRIBE)
     acls = [allow(ResourceType.TOPIC, topic, lit, op) for op in topic_ops]
     if role == "gateway":
         acls += [
@@ -135,7 +134,7 @@ def upsert_user(admin: Any, user: str, password: str, mechanism: str) -> None:
 
 def init(settings: Settings, grants: list[Grant]) -> dict[str, Any]:
     """Create the topic, then each grant's user and ACLs. Idempotent."""
-    from settlement.kafka_admin import admin_client, ensure_topic
+    from settlement.kafka.admin import admin_client, ensure_topic
 
     if grants and not settings.kafka_security_protocol.startswith("SASL"):
         raise ConfigError(

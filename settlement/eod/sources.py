@@ -8,69 +8,16 @@ choice carries a sentence an operator can read in the Airflow UI and the audit r
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import q, redact
-
-
-@dataclass(frozen=True)
-class LedgerState:
-    """How much of a trade date one ledger holds, and where the day sits in Kafka."""
-
-    name: str
-    markers: dict[int, tuple[int, int]]  # partition -> (last_seq, close marker offset)
-    stats: dict[int, tuple[int, int, int, int]]  # partition -> (rows, distinct seq, max seq,
-    #                                               first trade offset)
-    previous_markers: dict[int, int]  # partition -> offset of the previous day's marker
-
-    @property
-    def trades(self) -> int:
-        return sum(s[0] for s in self.stats.values())
-
-    @property
-    def expected_trades(self) -> int:
-        return sum(last for last, _ in self.markers.values())
-
-    def complete(self, partitions: int) -> bool:
-        """Every partition closed and its seq running 1..last_seq once each."""
-        if len(self.markers) != partitions:
-            return False
-        for p, (last, _) in self.markers.items():
-            rows, distinct, mx, _ = self.stats.get(p, (0, 0, 0, 0))
-            if not (rows == distinct == last and (mx == last or last == 0)):
-                return False
-        return True
-
-
-@dataclass(frozen=True)
-class SourceChoice:
-    source: str  # "kafka" | "db"
-    reason: str
-    # Kafka: partition -> [start, end) offsets of the day. DB: the ledgers to read.
-    kafka_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
-    ledgers: tuple[str, ...] = ()
-    partitions: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "source_reason": self.reason,
-                "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
-                "ledgers": list(self.ledgers), "partitions": self.partitions}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SourceChoice:
-        """The choice a run recorded (settlement_runs.offsets), to re-read the same data."""
-        return cls(d["source"], d["source_reason"],
-                   {int(p): (int(r[0]), int(r[1])) for p, r in d["kafka_ranges"].items()},
-                   tuple(d["ledgers"]), int(d["partitions"]))
-
-
-class NoSource(RuntimeError):
-    """Neither Kafka nor any ledger can provide the trade date."""
+from settlement.eod.model import LedgerState, MarkerAt, NoSource, PartitionStats, SourceChoice
 
 
 def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerState | None:
@@ -78,10 +25,11 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
     params = {"trade_date": trade_date}
     try:
         with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
-            markers = {int(p): (int(last), int(off))
+            markers = {int(p): MarkerAt(int(last), int(off))
                        for p, last, off in conn.execute(q("eod", "close_markers"), params)}
-            stats = {int(r[0]): (int(r[1]), int(r[2]), int(r[3]), int(r[4]))
-                     for r in conn.execute(q("eod", "partition_stats"), params)}
+            stats = {int(p): PartitionStats(int(n), int(distinct), int(mx), int(first))
+                     for p, n, distinct, mx, first
+                     in conn.execute(q("eod", "partition_stats"), params)}
             prev = {int(p): int(off)
                     for p, off in conn.execute(q("eod", "previous_close_markers"), params)}
     except psycopg.Error:
@@ -89,10 +37,16 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
     return LedgerState(ledger, markers, stats, prev)
 
 
-def choose_db(settings: Settings, trade_date: str, partitions: int) -> tuple[tuple[str, ...], str]:
+def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:
+    """Every reachable ledger's state of the day (an unreachable one is left out)."""
+    found = {name: ledger_state(settings, name, trade_date) for name in LEDGERS}
+    return {name: st for name, st in found.items() if st is not None}
+
+
+def choose_db(settings: Settings, trade_date: str, partitions: int,
+              states: dict[str, LedgerState]) -> tuple[tuple[str, ...], str]:
     """The ledger(s) to read: one complete ledger, else the union of the site ledgers."""
-    states = {name: ledger_state(settings, name, trade_date) for name in LEDGERS}
-    usable = {n: s for n, s in states.items() if s is not None and s.trades > 0}
+    usable = {n: s for n, s in states.items() if s.trades > 0}
     for name in ("shared", "a", "b"):
         st = usable.get(name)
         if st is not None and st.complete(partitions):
@@ -112,12 +66,13 @@ def choose_db(settings: Settings, trade_date: str, partitions: int) -> tuple[tup
                    f"(checked {', '.join(redact(settings.ledger_dsn(n)) for n in LEDGERS)})")
 
 
-def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float
+def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
+                         states: dict[str, LedgerState]
                          ) -> tuple[dict[int, tuple[int, int]] | None, str]:
     """partition -> (start, end) offsets of the day in Kafka, or None and why not."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    from settlement.kafka_admin import admin_client
+    from settlement.kafka.admin import admin_client
 
     try:
         md = admin_client(settings).list_topics(timeout=timeout)
@@ -132,16 +87,13 @@ def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float
     markers: dict[int, int] = {}
     previous: dict[int, int] = {}
     first_trade: dict[int, int] = {}
-    for name in LEDGERS:
-        st = ledger_state(settings, name, trade_date)
-        if st is None:
-            continue
-        for p, (_, off) in st.markers.items():
-            markers.setdefault(p, off)
+    for st in states.values():
+        for p, m in st.markers.items():
+            markers.setdefault(p, m.offset)
         for p, off in st.previous_markers.items():
             previous[p] = max(previous.get(p, -1), off)
         for p, stat in st.stats.items():
-            first_trade[p] = min(first_trade.get(p, stat[3]), stat[3])
+            first_trade[p] = min(first_trade.get(p, stat.first_offset), stat.first_offset)
     missing = [p for p in parts if p not in markers]
     if missing:
         return None, (f"close markers for {trade_date} are not known for partitions "
@@ -174,8 +126,6 @@ def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float
 
 def _is_close_marker(c: Any, topic: str, p: int, offset: int, trade_date: str,
                      timeout: float) -> bool:
-    import json
-
     from confluent_kafka import TopicPartition
 
     c.assign([TopicPartition(topic, p, offset)])
@@ -200,19 +150,27 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
     if requested not in ("auto", "kafka", "db"):
         raise ValueError(f"--source: expected auto, kafka or db, got {requested!r}")
     partitions = settings.partitions
+    # The ledgers are asked once; every later step of the run reads the answer from the choice.
+    states = ledger_states(settings, trade_date)
     if requested == "db":
-        ledgers, why = choose_db(settings, trade_date, partitions)
+        ledgers, why = choose_db(settings, trade_date, partitions, states)
         return SourceChoice("db", f"requested by the operator (--source db); {why}",
-                            ledgers=ledgers, partitions=partitions)
-    ranges, why_not = _kafka_close_markers(settings, trade_date, timeout)
+                            ledgers=ledgers, partitions=partitions, states=states)
+    ranges, why_not = _kafka_close_markers(settings, trade_date, timeout, states)
     if ranges is not None:
         n = sum(end - start for start, end in ranges.values())
         reason = ("requested by the operator (--source kafka)" if requested == "kafka" else
                   f"Kafka is reachable and holds the whole day: close markers confirmed on "
                   f"all {len(ranges)} partitions, {n} offsets retained")
-        return SourceChoice("kafka", reason, kafka_ranges=ranges, partitions=len(ranges))
+        return SourceChoice("kafka", reason, kafka_ranges=ranges, partitions=len(ranges),
+                            states=states)
     if requested == "kafka":
         raise NoSource(f"--source kafka was requested but {why_not}")
-    ledgers, why = choose_db(settings, trade_date, partitions)
+    ledgers, why = choose_db(settings, trade_date, partitions, states)
     return SourceChoice("db", f"fell back to the database: {why_not}; {why}",
-                        ledgers=ledgers, partitions=partitions)
+                        ledgers=ledgers, partitions=partitions, states=states)
+
+
+def with_reason(choice: SourceChoice, reason: str | None) -> SourceChoice:
+    """The choice with the reason a caller recorded (the DAG's branch chose the source)."""
+    return dataclasses.replace(choice, reason=reason) if reason else choice

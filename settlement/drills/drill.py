@@ -32,11 +32,11 @@ from typing import Any
 
 import psycopg
 
-from settlement.checker import check_ledger, read_kafka_day
 from settlement.config import Settings, load_settings
 from settlement.db import q
-from settlement.namespace import drop_namespace, namespace_env, reset_namespace
-from settlement.runner import spawn_settle, start_site, wait
+from settlement.drills.checker import check_ledger, read_kafka_day
+from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.drills.runner import spawn_settle, start_site, wait
 
 FAULTS = ("kill", "pause", "db-restart", "broker-kill")
 SCHEMES = ("separate", "shared")

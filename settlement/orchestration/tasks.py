@@ -16,16 +16,18 @@ import datetime as dt
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from settlement.config import REPO_ROOT, Settings, load_settings
+from settlement.config import Settings, load_settings
 
 LEDGER_CONNS = {"a": "ledger_a", "b": "ledger_b", "shared": "ledger_shared"}
 # Weekdays after the close; "none" makes the DAG manual-only (runs triggered by hand/API).
 _CRON = os.environ.get("SETTLE_EOD_CRON", "30 16 * * 1-5")
 EOD_CRON: str | None = None if _CRON.strip().lower() in ("", "none") else _CRON
 EOD_TIMEZONE = os.environ.get("SETTLE_EOD_TIMEZONE", "America/New_York")
-JOB = REPO_ROOT / "settlement" / "spark" / "job.py"
+# The spark-submit application: a file, found next to this package (checkout or wheel).
+JOB = Path(__file__).resolve().parents[1] / "spark" / "submit.py"
 
 
 def _pg_uri(dsn: str) -> str:
@@ -102,16 +104,13 @@ def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None) -> 
 
 def close_markers_in(settings: Settings, trade_date: str) -> tuple[bool, str]:
     """Sensor check: some ledger holds every partition's close marker for the day."""
-    from settlement.config import LEDGERS
-    from settlement.sources import ledger_state
+    from settlement.eod.sources import ledger_states
 
     seen = []
-    for name in LEDGERS:
-        st = ledger_state(settings, name, trade_date)
-        if st is not None:
-            seen.append(f"{name}: {len(st.markers)}/{settings.partitions}")
-            if len(st.markers) >= settings.partitions:
-                return True, f"ledger {name} has all {settings.partitions} close markers"
+    for name, st in ledger_states(settings, trade_date).items():
+        seen.append(f"{name}: {len(st.markers)}/{settings.partitions}")
+        if len(st.markers) >= settings.partitions:
+            return True, f"ledger {name} has all {settings.partitions} close markers"
     return False, "waiting for close markers (" + ", ".join(seen) + ")"
 
 
@@ -119,6 +118,21 @@ def spark_jars_csv(settings: Settings) -> str:
     from settlement.spark.session import spark_jars
 
     return ",".join(spark_jars(settings))
+
+
+def run_outcome(settings: Settings, trade_date: str) -> dict[str, Any]:
+    """What the settle task's run recorded: verdict, report, and the failures in one line
+    each (no secrets: this is an XCom)."""
+    from settlement.eod.pipeline import latest_run
+
+    run = latest_run(settings, trade_date)
+    if run["report_path"] is None:
+        raise RuntimeError(f"run {run['run_id']} for {trade_date} wrote no report "
+                           f"(status {run['status']}: {run['error']})")
+    failures = [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
+                for f in run["validation"].get("failures", [])]
+    return {k: run[k] for k in ("run_id", "trade_date", "source", "source_reason", "trades",
+                                "validation_success", "report_path")} | {"failures": failures}
 
 
 def publish_report(outcome: dict[str, Any]) -> str:
@@ -140,7 +154,7 @@ def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
     """The failover_drill DAG's task: one drill; raises if it lost or duplicated anything."""
     from airflow.sdk.exceptions import AirflowFailException
 
-    from settlement import drill
+    from settlement.drills import drill
 
     spec = drill.DrillSpec(scheme=params["scheme"], fault=params["fault"],
                            trades=int(params["trades"]), seed=int(params["seed"]),

@@ -1,4 +1,5 @@
-"""Run one DAG once, in-process, with ``dag.test()``: ``python -m settlement.dagtest DAG CONF``.
+"""Run one DAG once, in-process, with ``dag.test()``:
+``python -m settlement.orchestration.dagtest DAG CONF``.
 
 Used by ``settle demo`` to run ``eod_settlement`` exactly as Airflow would, without a
 scheduler. Airflow reads its configuration at import time, so this is its own process; the
@@ -18,7 +19,7 @@ from settlement.config import REPO_ROOT, Settings
 
 
 def airflow_home_env(settings: Settings, home: Path) -> dict[str, str]:
-    from settlement.orchestration import airflow_connections
+    from settlement.orchestration.tasks import airflow_connections
 
     return {**os.environ, **airflow_connections(settings), "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -35,7 +36,7 @@ def run_dag(settings: Settings, dag_id: str, conf: dict[str, Any], home: Path,
     with open(log, "w") as out:
         subprocess.run([airflow, "db", "migrate"], env=env, stdout=out,
                        stderr=subprocess.STDOUT, check=True)
-        res = subprocess.run([sys.executable, "-m", "settlement.dagtest", dag_id,
+        res = subprocess.run([sys.executable, "-m", "settlement.orchestration.dagtest", dag_id,
                               json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith('{"dag_state"')]
     if res.returncode != 0 or not lines:

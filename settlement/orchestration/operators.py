@@ -16,7 +16,7 @@ class SettlementSparkSubmitOperator(SparkSubmitOperator):
     """
 
     def execute(self, context: Any) -> None:
-        from settlement.orchestration import settings_from_airflow, settle_env
+        from settlement.orchestration.tasks import settings_from_airflow, settle_env
 
         self.env_vars = {**(self.env_vars or {}), **settle_env(settings_from_airflow())}
         super().execute(context)

@@ -20,9 +20,9 @@ from decimal import Decimal
 from typing import Any
 
 from settlement.config import Settings
+from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS, TRANSACTIONAL_ID
+from settlement.kafka.admin import topic_partitions
 
-TRADE_HEADERS = [("type", b"trade")]
-CLOSE_HEADERS = [("type", b"close")]
 SESSION_OPEN = dt.time(13, 30)  # 09:30 New York, in UTC
 SESSION_SECONDS = 6.5 * 3600
 MALFORMED_KINDS = (
@@ -41,9 +41,6 @@ TICKERS = (
 ).split()
 
 
-# The gateway's transactional.id; Kafka ACLs grant the gateway user this prefix
-# (settlement.kafka_security).
-TRANSACTIONAL_ID = "exchange-gateway"
 
 
 def murmur2(data: bytes) -> int:
@@ -230,19 +227,6 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict[st
         # The "upstream replay" producer: no idempotence, so what it sends twice stays twice.
         conf |= {"enable.idempotence": False}
     return conf
-
-
-def topic_partitions(settings: Settings, timeout: float = 30) -> int:
-    from settlement.kafka_admin import admin_client
-
-    md = admin_client(settings).list_topics(topic=settings.topic, timeout=timeout)
-    t = md.topics.get(settings.topic)
-    if t is None or t.error is not None or not t.partitions:
-        raise RuntimeError(
-            f"topic {settings.topic!r} not found on {settings.bootstrap()}: "
-            "run `settle services up` (it creates the topic)"
-        )
-    return len(t.partitions)
 
 
 def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partition: int,

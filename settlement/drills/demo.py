@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from settlement.config import Settings, load_settings
-from settlement.namespace import namespace_env, reset_namespace
-from settlement.runner import spawn_settle, start_site, wait
+from settlement.drills.namespace import namespace_env, reset_namespace
+from settlement.drills.runner import spawn_settle, start_site, wait
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def _console() -> Any:
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from settlement import services
-    from settlement.checker import check_ledger, read_kafka_day
+    from settlement.drills.checker import check_ledger, read_kafka_day
 
     con = _console()
     base = load_settings()
@@ -117,8 +117,8 @@ def _ledger_counts(dsn: str) -> dict[str, int]:
 
 def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, Any]:
     """The eod_settlement DAG, run once through dag.test() as Airflow would run it."""
-    from settlement.dagtest import run_dag
     from settlement.db import connect
+    from settlement.orchestration.dagtest import run_dag
 
     state = run_dag(settings, "eod_settlement", {"trade_date": opts.trade_date,
                                                  "source": "auto"},

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from settlement.config import REPO_ROOT, Settings, load_settings
-from settlement.orchestration import airflow_connections
+from settlement.orchestration.tasks import airflow_connections
 from settlement.services.procs import port_open
 
 USER = "admin"

@@ -35,7 +35,7 @@ def _databases(settings: Settings) -> list[str]:
 
 
 def drop_namespace(settings: Settings) -> None:
-    from settlement.kafka_admin import admin_client
+    from settlement.kafka.admin import admin_client
 
     admin = admin_client(settings)
     if settings.topic in admin.list_topics(timeout=10).topics:
@@ -53,7 +53,7 @@ def drop_namespace(settings: Settings) -> None:
 def reset_namespace(settings: Settings) -> None:
     """Drop and recreate the namespace's topic and databases, migrated."""
     from settlement.db import ensure_database, migrate_database
-    from settlement.kafka_admin import ensure_topic
+    from settlement.kafka.admin import ensure_topic
 
     drop_namespace(settings)
     for dsn in settings.all_dsns().values():

@@ -61,3 +61,14 @@ def ensure_topic(settings: Settings, brokers: int | None = None, timeout: float 
         time.sleep(0.1)
     raise RuntimeError(f"topic {settings.topic!r} was created but has no leaders after "
                        f"{timeout:.0f}s")
+
+
+def topic_partitions(settings: Settings, timeout: float = 30) -> int:
+    md = admin_client(settings).list_topics(topic=settings.topic, timeout=timeout)
+    t = md.topics.get(settings.topic)
+    if t is None or t.error is not None or not t.partitions:
+        raise RuntimeError(
+            f"topic {settings.topic!r} not found on {settings.bootstrap()}: "
+            "run `settle services up` (it creates the topic)"
+        )
+    return len(t.partitions)

@@ -1,0 +1,117 @@
+"""The trade contract: what a message on the ``trades`` topic may be, and the ledger row it
+becomes. Defined once, as data.
+
+The consumer sites (``consumers.parse``), the Spark Kafka reader (``settlement.spark.parse``),
+the checker and the simulator all take their rules from here. Python and Spark cannot share
+code, so they share these constants, and ``tests/test_parity.py`` proves the two parsers
+give the same verdict on the same adversarial messages.
+
+The limits are chosen so that anything the contract accepts the ledger can store (the parity
+test COPYs every accepted message into ``trades``) and both parsers read the same way:
+
+- text is printable (no C0/C1 control characters, no NUL, which PostgreSQL text refuses
+  and which would break a COPY line) and short enough for a btree key;
+- integers stay far inside ``bigint`` (a day's quantities are summed per account);
+- a price fits ``numeric(18, 4)`` and is written canonically (no sign, no leading zeros, no
+  exponent) so that the text itself, not a float, is the value;
+- dates lie in a window every engine reads alike (Python, Java and PostgreSQL disagree about
+  years 0 and 10000); a timestamp is strict ISO-8601 with a zone PostgreSQL accepts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+# -- message types: a Kafka header ------------------------------------------------------------
+TYPE_HEADER = "type"
+TRADE = "trade"
+CLOSE = "close"
+TRADE_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, TRADE.encode())]
+CLOSE_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, CLOSE.encode())]
+# A message without a type header is a trade (lenient toward older producers); a type header
+# whose value is null, empty or anything else makes the message a dead letter.
+MISSING_TYPE_MEANS = TRADE
+
+
+# -- the rules, as data -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TextField:
+    """A JSON string: non-empty, at most ``max_length`` characters, printable."""
+
+    name: str
+    max_length: int
+
+
+@dataclass(frozen=True)
+class IntField:
+    """A JSON integer (not a float, not a boolean, not a string) in [minimum, maximum]."""
+
+    name: str
+    minimum: int
+    maximum: int
+
+
+# Characters a text field may not contain: C0 controls (NUL included), DEL and C1 controls.
+# Written as a regex character class that Python's re and Java's regex read the same way.
+CONTROL_CHARS = r"\x00-\x1f\x7f-\x9f"
+PRINTABLE_PATTERN = rf"[^{CONTROL_CHARS}]*"
+
+MIN_DATE = dt.date(2000, 1, 1)
+MAX_DATE = dt.date(2099, 12, 31)
+# YYYY-MM-DD within [MIN_DATE, MAX_DATE]; the calendar check (no 30 February) comes after.
+DATE_PATTERN = r"20[0-9]{2}-[0-9]{2}-[0-9]{2}"
+# Strict ISO-8601 with a 'T', seconds, up to microseconds and a zone: Z or +hh:mm with
+# |offset| < 15 h (PostgreSQL refuses offsets of 16 h and more, Java of more than 18 h).
+EXECUTED_AT_PATTERN = (
+    r"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+    r"(?:Z|[+-](?:0[0-9]|1[0-4]):[0-5][0-9])"
+)
+PRICE_PRECISION = 18
+PRICE_SCALE = 4
+# numeric(18, 4), canonical: at most 14 integer digits without leading zeros, 1-4 decimals.
+PRICE_PATTERN = (
+    rf"(?:0|[1-9][0-9]{{0,{PRICE_PRECISION - PRICE_SCALE - 1}}})"
+    rf"(?:\.[0-9]{{1,{PRICE_SCALE}}})?"
+)
+# ...and not zero: at least one non-zero digit somewhere.
+NONZERO_PATTERN = r".*[1-9].*"
+
+MAX_SEQ = 10**15  # per trade date and partition; far above any real day
+MAX_QUANTITY = 10**9  # a day of such trades still sums inside bigint
+MAX_PARTITION = 2**31 - 1
+
+TRADE_ID = TextField("trade_id", 64)
+SYMBOL = TextField("symbol", 32)
+BUYER = TextField("buyer", 64)
+SELLER = TextField("seller", 64)
+TEXT_FIELDS: tuple[TextField, ...] = (TRADE_ID, SYMBOL, BUYER, SELLER)
+SEQ = IntField("seq", 1, MAX_SEQ)
+QUANTITY = IntField("quantity", 1, MAX_QUANTITY)
+INT_FIELDS: tuple[IntField, ...] = (SEQ, QUANTITY)
+# Every field of a trade value, in the order of the wire format (design.md).
+TRADE_FIELDS = ("trade_id", "trade_date", "seq", "symbol", "price", "quantity", "buyer",
+                "seller", "executed_at")
+# Fields that are JSON strings on the wire.
+STRING_FIELDS = ("trade_id", "trade_date", "symbol", "price", "buyer", "seller", "executed_at")
+
+CLOSE_PARTITION = IntField("partition", 0, MAX_PARTITION)
+CLOSE_LAST_SEQ = IntField("last_seq", 0, MAX_SEQ)
+CLOSE_FIELDS = ("trade_date", "partition", "last_seq")
+
+# -- the ledger row ---------------------------------------------------------------------------
+# Columns of `trades` that settlement reads, in this order (sql/migrations/0001_ledger.sql).
+LEDGER_COLUMNS = ("trade_id", "trade_date", "seq", "kafka_partition", "kafka_offset", "symbol",
+                  "price", "quantity", "buyer", "seller", "executed_at")
+# The COPY into a site's staging table: the ledger row and the site that wrote it.
+STAGE_COLUMNS = (*LEDGER_COLUMNS, "site")
+
+# -- Kafka names other tools rely on (ACLs, drills, the status view) -------------------------
+# The gateway's transactional.id; Kafka ACLs grant the gateway user this prefix.
+TRANSACTIONAL_ID = "exchange-gateway"
+SHARED_GROUP = "settlement-shared"
+
+
+def group_id(site: str, scheme: str) -> str:
+    """A site's consumer group: its own in the separate scheme, one for both in shared."""
+    return f"settlement-site-{site}" if scheme == "separate" else SHARED_GROUP

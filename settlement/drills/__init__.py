@@ -1,0 +1,1 @@
+"""Failover drills, the Jepsen-style checker, the process harness and the demo."""

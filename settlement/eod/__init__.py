@@ -1,0 +1,1 @@
+"""End of day: the source model, the source chooser and the pipeline that runs a day."""

@@ -1,0 +1,216 @@
+"""What the end of day works with: the source choice, the ledgers' state, the result rows.
+
+Plain Python (no Spark), so the chooser, the pipeline, validation and the report share one
+vocabulary. Result rows are named tuples in their table's column order: ``row.net_cash``,
+never ``row[4]``; ``Position._fields`` is the column list of ``positions``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal, localcontext
+from typing import Any, NamedTuple
+
+
+class NoSource(RuntimeError):
+    """Neither Kafka nor any ledger can provide the trade date."""
+
+
+# -- result rows (sql/migrations/0002_settlement.sql) -----------------------------------------
+class Position(NamedTuple):
+    trade_date: dt.date
+    account: str
+    symbol: str
+    bought_qty: int
+    sold_qty: int
+    net_qty: int
+    buy_amount: Decimal
+    sell_amount: Decimal
+    net_cash: Decimal  # sell_amount - buy_amount
+    trade_count: int
+
+
+class CashObligation(NamedTuple):
+    """Net cash of one account against the central counterparty; > 0: the CCP pays."""
+
+    trade_date: dt.date
+    account: str
+    buy_amount: Decimal
+    sell_amount: Decimal
+    net_cash: Decimal
+    trade_count: int
+
+
+class InstrumentSummary(NamedTuple):
+    trade_date: dt.date
+    symbol: str
+    trades: int
+    volume: int
+    notional: Decimal
+    vwap: Decimal
+    low_price: Decimal
+    high_price: Decimal
+
+
+# table -> its row type; the row's fields are the table's columns, in order.
+RESULT_TABLES: dict[str, type[Any]] = {
+    "positions": Position,
+    "cash_obligations": CashObligation,
+    "instrument_summary": InstrumentSummary,
+}
+
+
+# -- netting: computed here and nowhere else --------------------------------------------------
+@dataclass(frozen=True)
+class Netting:
+    """Multilateral netting totals for one business date."""
+
+    gross_notional: Decimal  # sum of price * quantity over the trades, each trade once
+    net_settlement: Decimal  # sum over accounts of |net cash|: the cash that actually moves
+    # 1 - net_settlement / (2 * gross_notional); None for a day without trades.
+    efficiency: Decimal | None
+
+
+def netting(obligations: Iterable[CashObligation]) -> Netting:
+    """Netting totals of one date's cash obligations (one row per account).
+
+    Every trade is bought once, so the accounts' buy amounts add up to the gross notional.
+    Efficiency compares like with like: without netting every trade settles both legs with
+    the CCP, so the gross cash is twice the notional; with netting only sum |net cash|
+    moves. One trade nets 0 %, a ring of trades that cancels out nets 100 %.
+    """
+    gross = net = Decimal(0)
+    for o in obligations:
+        gross += o.buy_amount
+        net += abs(o.net_cash)
+    return Netting(gross, net, efficiency_from_totals(gross, net))
+
+
+def efficiency_from_totals(gross_notional: Decimal, net_settlement: Decimal) -> Decimal | None:
+    """``1 - net / (2 * gross)`` to 10 places, half-up; None without trades (no netting
+    happened, and 0 would read as "netting failed")."""
+    if gross_notional == 0:
+        return None
+    with localcontext() as ctx:
+        ctx.prec = 60  # amounts have up to 28 digits; keep the quotient exact to 10 places
+        ratio = net_settlement / (2 * gross_notional)
+        return (Decimal(1) - ratio).quantize(Decimal("1e-10"), rounding=ROUND_HALF_UP)
+
+
+# -- where the day is -------------------------------------------------------------------------
+class PartitionStats(NamedTuple):
+    """One ledger's trades of the day on one Kafka partition."""
+
+    rows: int
+    distinct_seq: int
+    max_seq: int
+    first_offset: int  # Kafka offset of the day's first trade on the partition
+
+
+class MarkerAt(NamedTuple):
+    last_seq: int
+    offset: int  # Kafka offset of the close marker
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """How much of a trade date one ledger holds, and where the day sits in Kafka."""
+
+    name: str
+    markers: dict[int, MarkerAt]  # partition -> the day's close marker
+    stats: dict[int, PartitionStats]
+    previous_markers: dict[int, int]  # partition -> offset of the previous day's marker
+
+    @property
+    def trades(self) -> int:
+        return sum(s.rows for s in self.stats.values())
+
+    @property
+    def expected_trades(self) -> int:
+        return sum(m.last_seq for m in self.markers.values())
+
+    @property
+    def max_seq(self) -> int:
+        return max((s.max_seq for s in self.stats.values()), default=0)
+
+    def complete(self, partitions: int) -> bool:
+        """Every partition closed and its seq running 1..last_seq once each."""
+        if len(self.markers) != partitions:
+            return False
+        for p, m in self.markers.items():
+            st = self.stats.get(p, PartitionStats(0, 0, 0, 0))
+            if not (st.rows == st.distinct_seq == m.last_seq
+                    and (st.max_seq == m.last_seq or m.last_seq == 0)):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class SourceChoice:
+    """Where a run reads its day from, why, and what the chooser learnt on the way (the
+    ledgers' states), so that no later step asks the ledgers again."""
+
+    source: str  # "kafka" | "db"
+    reason: str
+    # Kafka: partition -> [start, end) offsets of the day. DB: the ledgers to read.
+    kafka_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    ledgers: tuple[str, ...] = ()
+    partitions: int = 0
+    # Every reachable ledger's state of the day, as the chooser found it.
+    states: dict[str, LedgerState] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "source_reason": self.reason,
+                "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
+                "ledgers": list(self.ledgers), "partitions": self.partitions}
+
+    def close_markers(self) -> dict[int, int]:
+        """partition -> last_seq of the day, from the ledgers the run reads (or any)."""
+        names = self.ledgers or tuple(self.states)
+        out: dict[int, int] = {}
+        for name in names:
+            st = self.states.get(name)
+            for p, m in (st.markers if st else {}).items():
+                out[p] = max(out.get(p, 0), m.last_seq)
+        return out
+
+    def ledgers_with_trades(self) -> tuple[str, ...]:
+        return tuple(n for n, st in self.states.items() if st.trades)
+
+
+@dataclass
+class SettlementResult:
+    """One settled date, exact, as the pipeline hands it to validation and the report."""
+
+    trade_date: str
+    source: str
+    trades: int
+    duplicates_removed: int
+    malformed: int
+    positions: list[Position]
+    obligations: list[CashObligation]
+    instruments: list[InstrumentSummary]
+    netting: Netting
+    close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
+    trades_per_partition: dict[int, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        eff = self.netting.efficiency
+        return {
+            "trade_date": self.trade_date, "source": self.source, "trades": self.trades,
+            "duplicates_removed": self.duplicates_removed, "malformed": self.malformed,
+            "positions": len(self.positions), "accounts": len(self.obligations),
+            "instruments": len(self.instruments),
+            "gross_notional": str(self.netting.gross_notional),
+            "net_settlement": str(self.netting.net_settlement),
+            "netting_efficiency": None if eff is None else str(eff),
+            "timings": self.timings,
+        }
+
+
+def rows_of(row_type: type[Any], rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """Database or Spark rows (in column order) as named result rows."""
+    return [row_type(*r) for r in rows]

@@ -1,0 +1,173 @@
+"""End of day for one trade date: choose the source once, read once, settle, validate the
+frames in hand, publish, report.
+
+One library function used by ``settle eod``, the spark-submit entry point and the Airflow
+DAG. Every run is recorded in ``settlement_runs``; results replace the date's rows in one
+transaction, so running a date twice gives the same tables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from settlement.config import Settings
+from settlement.db import connect, q
+from settlement.eod.model import (
+    RESULT_TABLES,
+    Position,
+    SettlementResult,
+    SourceChoice,
+    rows_of,
+)
+from settlement.eod.sources import choose_source, with_reason
+
+T = TypeVar("T")
+
+
+def start_run(settings: Settings, trade_date: str, choice: SourceChoice) -> int:
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "start_run"), {
+            "trade_date": trade_date, "source": choice.source, "source_reason": choice.reason,
+            "offsets": json.dumps(choice.as_dict()),
+        }).fetchone()
+        conn.commit()
+    assert row is not None
+    return int(row[0])
+
+
+def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, Any],
+               error: str | None = None) -> None:
+    with connect(settings.settlement_dsn) as conn:
+        conn.execute(q("eod", "finish_run"), {
+            "run_id": run_id, "status": status, "error": error,
+            "trades": summary.get("trades"),
+            "duplicates_removed": summary.get("duplicates_removed"),
+            "malformed": summary.get("malformed"), "positions": summary.get("positions"),
+            "accounts": summary.get("accounts"),
+            "gross_notional": summary.get("gross_notional"),
+            "netting_efficiency": summary.get("netting_efficiency"),
+            "timings": json.dumps(summary.get("timings", {})),
+        })
+        conn.commit()
+
+
+def write_results(settings: Settings, result: SettlementResult) -> None:
+    """Replace the date's rows in every result table, atomically."""
+    rows = {"positions": result.positions, "cash_obligations": result.obligations,
+            "instrument_summary": result.instruments}
+    with connect(settings.settlement_dsn) as conn, conn.transaction():
+        for table, row_type in RESULT_TABLES.items():
+            conn.execute(q("eod", f"delete_{table}"), {"trade_date": result.trade_date})
+            # Table and column names are constants of this module's row types, not data.
+            with conn.cursor().copy(
+                f"copy {table} ({', '.join(row_type._fields)}) from stdin"  # type: ignore[arg-type]
+            ) as copy:
+                for row in rows[table]:
+                    copy.write_row(row)
+
+
+def stored_positions(settings: Settings, trade_date: str) -> list[Position]:
+    with connect(settings.settlement_dsn) as conn:
+        rows = conn.execute(q("eod", "stored_positions"), {"trade_date": trade_date}).fetchall()
+    return rows_of(Position, rows)
+
+
+def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
+    t0 = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        timings[f"{step}_seconds"] = round(time.perf_counter() - t0, 3)
+
+
+def run_eod(settings: Settings, trade_date: str, source: str = "auto",
+            validate: bool = True, reason: str | None = None) -> dict[str, Any]:
+    """Settle one date. ``reason``: when a caller (the DAG's branch) already chose the source,
+    its reason is what the run records."""
+    from settlement.report import write_report
+    from settlement.spark.io import read_day
+    from settlement.spark.session import build_session
+    from settlement.spark.settle import settle_day
+    from settlement.validation.day import record_validation, validate_day
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    choice = _timed(timings, "choose",
+                    lambda: with_reason(choose_source(settings, trade_date, source), reason))
+    run_id = start_run(settings, trade_date, choice)
+    summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
+    read = settled = None
+    try:
+        spark = build_session(settings, app_name=f"settlement-{trade_date}")
+        read = _timed(timings, "read", lambda: read_day(spark, settings, choice, trade_date))
+        settled = _timed(timings, "settle",
+                         lambda: settle_day(read, trade_date, choice.source))
+        result = settled.result
+        result.timings = {**timings, **result.timings}
+        outcome = None
+        if validate:
+            outcome = _timed(result.timings, "validate", lambda: validate_day(
+                settings, spark, trade_date, choice, read, settled.trades, result.positions,
+                result.trades))
+        _timed(result.timings, "publish", lambda: write_results(settings, result))
+        report = None
+        if outcome is not None:
+            report = _timed(result.timings, "report", lambda: write_report(
+                settings, run_id, trade_date, choice, result, outcome))
+        result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
+        summary.update(result.summary())
+        finish_run(settings, run_id, "succeeded", summary)
+        summary["status"] = "succeeded"
+        if outcome is not None and report is not None:
+            record_validation(settings, run_id, outcome, str(report.html))
+            summary.update({"validation_success": outcome.success,
+                            "validation": outcome.as_dict(),
+                            "report_path": str(report.html), "report_json": str(report.json)})
+    except Exception as e:
+        summary["timings"] = timings
+        finish_run(settings, run_id, "failed", summary, error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if settled is not None:
+            settled.trades.unpersist()
+        if read is not None:
+            read.release()
+    return summary
+
+
+def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> dict[str, Any]:
+    """``settle validate``: read the day once and check it against the published results."""
+    from settlement.spark import transforms as T
+    from settlement.spark.io import read_day
+    from settlement.spark.session import build_session
+    from settlement.validation.day import validate_day
+
+    choice = choose_source(settings, trade_date, source)
+    spark = build_session(settings, app_name=f"validate-{trade_date}")
+    read = read_day(spark, settings, choice, trade_date)
+    trades = (read.trades if read.unique_ids else T.dedupe_trades(read.trades)).persist()
+    try:
+        n = trades.count()
+        outcome = validate_day(settings, spark, trade_date, choice, read, trades,
+                               stored_positions(settings, trade_date) or None, n)
+    finally:
+        trades.unpersist()
+        read.release()
+    return {"trade_date": trade_date, "source": choice.source,
+            "source_reason": choice.reason, "trades": n, **outcome.as_dict()}
+
+
+def latest_run(settings: Settings, trade_date: str) -> dict[str, Any]:
+    """The newest run of a date as recorded (what the DAG reports after spark-submit)."""
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "latest_run_any"), {"trade_date": trade_date}).fetchone()
+    if row is None:
+        raise RuntimeError(f"no settlement run recorded for {trade_date}")
+    (run_id, status, source, source_reason, trades, success, validation,
+     report_path, error) = row
+    return {"run_id": run_id, "trade_date": trade_date, "status": status, "source": source,
+            "source_reason": source_reason, "trades": trades, "validation_success": success,
+            "validation": validation or {}, "report_path": report_path, "error": error}

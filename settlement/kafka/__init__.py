@@ -1,0 +1,1 @@
+"""Kafka administration (topics) and security (SCRAM users, ACLs)."""

@@ -1,0 +1,1 @@
+"""The exchange gateway simulator: publishes trading days to the trades topic."""

@@ -1,0 +1,150 @@
+"""Reading a trade date into Spark: from Kafka (a bounded offset range) or the ledger(s).
+
+What the source chooser decided (``SourceChoice``) is all a read needs: the Kafka offset
+ranges, or the ledgers to read and their states. Nothing here asks the chooser's questions
+again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+
+import psycopg
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from settlement.config import Settings
+from settlement.contract import LEDGER_COLUMNS
+from settlement.eod.model import SourceChoice
+from settlement.spark import parse as P
+from settlement.spark import transforms as T
+
+
+def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
+    """A libpq URL as a JDBC URL and connection properties (the driver needs TCP)."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    host = str(info.get("host") or "127.0.0.1")
+    if host.startswith("/"):
+        raise ValueError(f"the JDBC driver needs a TCP host, not the socket {host}")
+    url = f"jdbc:postgresql://{host}:{info.get('port') or 5432}/{info['dbname']}"
+    props = {"user": str(info.get("user") or ""), "driver": "org.postgresql.Driver"}
+    if info.get("password"):
+        props["password"] = str(info["password"])
+    return url, props
+
+
+def kafka_options(settings: Settings) -> dict[str, str]:
+    opts = {"kafka.bootstrap.servers": settings.bootstrap(),
+            "kafka.security.protocol": settings.kafka_security_protocol}
+    if settings.kafka_security_protocol.startswith("SASL"):
+        module = ("org.apache.kafka.common.security.plain.PlainLoginModule"
+                  if settings.kafka_sasl_mechanism == "PLAIN"
+                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
+        opts["kafka.sasl.mechanism"] = settings.kafka_sasl_mechanism
+        opts["kafka.sasl.jaas.config"] = (
+            f'{module} required username="{settings.kafka_sasl_username}" '
+            f'password="{settings.kafka_sasl_password}";')
+    if settings.kafka_ssl_ca_location:
+        opts["kafka.ssl.truststore.type"] = "PEM"
+        opts["kafka.ssl.truststore.location"] = settings.kafka_ssl_ca_location
+    return opts
+
+
+@dataclass
+class DayRead:
+    """One read of a trade date: its trades as read (TRADE_SCHEMA, the date's only, not yet
+    deduplicated), what else the read learnt, and the frames to release afterwards."""
+
+    trades: DataFrame
+    malformed: int
+    close_markers: dict[int, int]  # partition -> last_seq
+    cached: list[DataFrame] = field(default_factory=list)
+    # trade_id is already unique (one ledger: a unique constraint), so no dedupe pass.
+    unique_ids: bool = False
+    # ledger name -> its day's trades, when the day was read from ledgers (validation
+    # reconciles them without reading them again).
+    ledgers: dict[str, DataFrame] = field(default_factory=dict)
+
+    def release(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+
+
+def read_day(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
+             ) -> DayRead:
+    """The day from the source the chooser picked."""
+    if choice.source == "kafka":
+        return read_kafka(spark, settings, choice, trade_date)
+    return read_db(spark, settings, choice, choice.ledgers, trade_date)
+
+
+def _on_date(df: DataFrame, trade_date: str) -> DataFrame:
+    return df.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
+
+
+def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
+               ) -> DayRead:
+    """The day's bounded offset range, read_committed."""
+    topic = settings.topic
+    starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
+    ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}
+    raw = (
+        spark.read.format("kafka")
+        .options(**kafka_options(settings))
+        .option("assign", json.dumps({topic: sorted(choice.kafka_ranges)}))
+        .option("startingOffsets", json.dumps(starts))
+        .option("endingOffsets", json.dumps(ends))
+        .option("kafka.isolation.level", "read_committed")
+        .option("includeHeaders", "true")
+        # Offsets of aborted records and transaction markers are never returned under
+        # read_committed; Spark would call those gaps data loss. Real loss cannot hide: the
+        # exchange sequence numbers are checked against the close markers afterwards.
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+    # Split three ways below: read the broker, parse and check each message once.
+    classified = P.classify_kafka_values(raw, settings.max_message_bytes).persist()
+    parsed = P.split_classified(classified)
+    malformed = parsed.malformed.count()
+    closes = {int(r["kafka_partition"]): int(r["last_seq"])
+              for r in _on_date(parsed.closes, trade_date).collect()}
+    return DayRead(_on_date(parsed.trades, trade_date), malformed, closes, [classified])
+
+
+def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,
+                trade_date: str) -> DataFrame:
+    """One ledger's day over JDBC, in parallel slices of the exchange sequence number (the
+    bounds come from the ledger's state the chooser read)."""
+    url, props = jdbc_options(settings.ledger_dsn(ledger))
+    st = choice.states.get(ledger)
+    max_seq = st.max_seq if st else 1
+    # JDBC's dbtable takes no bind parameters: the date goes in as a re-rendered date.
+    day = dt.date.fromisoformat(trade_date).isoformat()
+    query = (f"(select {', '.join(LEDGER_COLUMNS)} from trades "
+             f"where trade_date = date '{day}') day")
+    df = spark.read.jdbc(
+        url, query, column="seq", lowerBound=1, upperBound=max(max_seq, 2),
+        numPartitions=4, properties={**props, "fetchsize": "20000"},
+    )
+    return T.conform_trades(df)
+
+
+def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
+            ledgers: tuple[str, ...], trade_date: str) -> DayRead:
+    """The ledger(s); a union of two when no single ledger is complete."""
+    frames = {name: read_ledger(spark, settings, choice, name, trade_date) for name in ledgers}
+    closes: dict[int, int] = {}
+    for name in ledgers:
+        st = choice.states.get(name)
+        for p, m in (st.markers if st else {}).items():
+            closes[p] = max(closes.get(p, 0), m.last_seq)
+    parts = list(frames.values())
+    out = parts[0]
+    for other in parts[1:]:
+        out = out.unionByName(other)
+    if len(parts) > 1:  # only a union can hold a trade twice; dedupe then reads it twice
+        out = out.persist()
+        return DayRead(out, 0, closes, [out], unique_ids=False, ledgers=frames)
+    return DayRead(out, 0, closes, [], unique_ids=True, ledgers=frames)
