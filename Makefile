@@ -63,6 +63,7 @@ migrate: env
 
 lint: env
 	$(UV) run --frozen ruff check settlement consumers dags tests benchmarks
+	$(UV) run --frozen lint-imports
 
 test: setup browser
 	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)

@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("db", "database schema")
     sp.add_argument("action", choices=["migrate", "schema"],
                     help="migrate: apply sql/migrations everywhere; schema: regenerate "
-                         "sql/schema.sql")
+                         "sql/schema.sql (or --output FILE) from an empty database")
     sp.add_argument("--output", type=Path, default=None, metavar="FILE",
                     help="schema: write here instead of sql/schema.sql (default: %(default)s)")
 

@@ -7,21 +7,76 @@ points every command at external services instead.
 
 from __future__ import annotations
 
+import os
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The checkout (source tree) when running from one; for an installed wheel this is the
+# site-packages folder, so use ``resource_dir`` and ``running_from_checkout`` rather than
+# building paths on it.
+REPO_ROOT = PACKAGE_DIR.parent
+# Where the wheel carries the top-level ``sql/`` and ``gx/`` folders (pyproject.toml,
+# [tool.hatch.build.targets.wheel.sources]).
+PACKAGED_RESOURCES = PACKAGE_DIR / "_resources"
+RESOURCES = ("sql", "gx")
+
+
+def running_from_checkout() -> bool:
+    """True when ``settlement`` is imported from the source tree (plain or editable
+    install): the project's pyproject.toml sits next to the package. False for an
+    installed wheel, whose parent folder is site-packages."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "sql").is_dir()
+
+
+def resource_dir(name: str) -> Path:
+    """A data folder that ships with the code (``sql`` or ``gx``): the checkout's top-level
+    folder when running from a checkout, else the copy packaged inside the wheel."""
+    if name not in RESOURCES:
+        raise ValueError(f"unknown resource folder {name!r}: expected one of {RESOURCES}")
+    top = REPO_ROOT / name
+    if running_from_checkout() and top.is_dir():
+        return top
+    return PACKAGED_RESOURCES / name
+
+
+def _user_dir(xdg_var: str, fallback: str, *parts: str) -> Path:
+    """An XDG base directory (``$XDG_STATE_HOME`` etc.) for an installed wheel's runtime
+    files; never raises, so importing the package cannot fail on an odd environment."""
+    base = os.environ.get(xdg_var)
+    if not base:
+        try:
+            base = str(Path.home() / fallback)
+        except (RuntimeError, KeyError):  # no HOME and no passwd entry
+            base = str(Path.cwd() / ".settle")
+    return Path(base).joinpath("settle", *parts)
+
+
+def _default_state_dir() -> Path:
+    if running_from_checkout():
+        return REPO_ROOT / ".state"
+    return _user_dir("XDG_STATE_HOME", ".local/state")
+
+
+def _default_jars_dir() -> Path:
+    if running_from_checkout():
+        return REPO_ROOT / ".cache" / "jars"
+    return _user_dir("XDG_CACHE_HOME", ".cache", "jars")
+
+
+def _default_reports_dir() -> Path:
+    if running_from_checkout():
+        return REPO_ROOT / "reports"
+    return _user_dir("XDG_DATA_HOME", ".local/share", "reports")
+
 
 _HOSTPORT = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
-Site = Literal["a", "b"]
-Scheme = Literal["separate", "shared"]
 LEDGERS = ("a", "b", "shared")
 
 
@@ -35,9 +90,16 @@ class ConfigError(ValueError):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SETTLE_", extra="ignore")
 
-    state_dir: Path = Field(REPO_ROOT / ".state", description="embedded services' data and logs")
-    jars_dir: Path = Field(REPO_ROOT / ".cache" / "jars", description="Maven-resolved jars")
-    reports_dir: Path = Field(REPO_ROOT / "reports", description="audit reports")
+    # Defaults: under the checkout when running from one; for an installed wheel, the user's
+    # XDG directories (~/.local/state/settle, ~/.cache/settle/jars, ~/.local/share/settle/reports).
+    state_dir: Path = Field(default_factory=_default_state_dir,
+                            description="embedded services' data and logs")
+    jars_dir: Path = Field(default_factory=_default_jars_dir, description="Maven-resolved jars")
+    reports_dir: Path = Field(default_factory=_default_reports_dir, description="audit reports")
+    # The Great Expectations project (the folder holding great_expectations.yml). Unset: the
+    # checkout's gx/, or for an installed wheel <state_dir>/gx, seeded from the packaged copy
+    # on first use (GX writes results and data sources into its project folder).
+    gx_dir: Path | None = None
 
     # Kafka. Unset bootstrap = the embedded KRaft cluster on loopback.
     kafka_bootstrap: str | None = None
@@ -92,6 +154,11 @@ class Settings(BaseSettings):
             )
         return v
 
+    @field_validator("gx_dir", mode="before")
+    @classmethod
+    def _gx_dir(cls, v: object) -> object:
+        return None if v == "" else v
+
     @field_validator("kafka_brokers")
     @classmethod
     def _brokers(cls, v: int) -> int:
@@ -131,6 +198,15 @@ class Settings(BaseSettings):
                     "configuration)"
                 )
         return True
+
+    @property
+    def gx_project_dir(self) -> Path:
+        """Where the GX file context lives; ``validation.run.get_context`` seeds it."""
+        if self.gx_dir:
+            return self.gx_dir
+        if running_from_checkout() and (REPO_ROOT / "gx").is_dir():
+            return REPO_ROOT / "gx"
+        return self.state_dir / "gx"
 
     def bootstrap(self, brokers: int | None = None) -> str:
         if self.kafka_bootstrap:
@@ -197,11 +273,6 @@ def load_settings(**overrides: object) -> Settings:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as err:
         raise ConfigError(_explain(err)) from None
-
-
-@lru_cache(maxsize=1)
-def settings() -> Settings:
-    return load_settings()
 
 
 def check_date(value: str) -> str:

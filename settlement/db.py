@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 
-from settlement.config import REPO_ROOT, Settings
+from settlement.config import Settings, resource_dir
 from settlement.errors import DatabaseError
 
-SQL_DIR = REPO_ROOT / "sql"
+SQL_DIR = resource_dir("sql")  # the checkout's sql/, or the copy inside the wheel
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.M)
 _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")

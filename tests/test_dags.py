@@ -67,7 +67,9 @@ def test_eod_shape(dags: dict) -> None:
     assert set(dag.params) == {"trade_date", "source"}
     ids = set(dag.task_ids)
     assert {"prepare", "wait_for_close", "choose_source", "settle_from_kafka", "settle_from_db",
-            "validate_and_report", "publish_report"} <= ids
+            "publish_report"} <= ids
+    # The Spark job validates the day it read (no second read in another task).
+    assert "validate_and_report" not in ids
     assert dag.get_task("wait_for_close").mode == "reschedule"
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
@@ -78,6 +80,10 @@ def test_eod_shape(dags: dict) -> None:
         assert not op.env_vars, op.env_vars
     assert dag.get_task("choose_source").downstream_task_ids == {"settle_from_kafka",
                                                                  "settle_from_db"}
+    for source in ("kafka", "db"):
+        args = dag.get_task(f"settle_from_{source}").application_args
+        assert "--no-validate" not in args
+        assert dag.get_task(f"settle_from_{source}").application.endswith("spark/submit.py")
 
 
 def test_drill_shape(dags: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from settlement.config import Settings
+from settlement.config import PACKAGE_DIR, ConfigError, Settings, running_from_checkout
 from settlement.db import SQL_DIR, connect, migrate_database, with_dbname
 from settlement.errors import DatabaseError
 from settlement.services.postgres import pg_bin
@@ -34,7 +34,14 @@ def normalise_dump(text: str) -> str:
 
 def write_schema_file(settings: Settings, output: Path | None = None) -> str:
     """Regenerate sql/schema.sql (or ``output``) from a scratch database migrated from
-    empty."""
+    empty. Outside a checkout (an installed wheel) ``output`` is required: the packaged
+    sql/ is part of the installation, not a file to regenerate."""
+    if output is None and not running_from_checkout():
+        raise ConfigError(
+            "settle db schema regenerates the checkout's sql/schema.sql, but this settlement "
+            f"package is installed ({PACKAGE_DIR}), not run from a checkout: "
+            "pass --output FILE to write the schema elsewhere"
+        )
     scratch = with_dbname(settings.settlement_dsn, "schema_scratch")
     maint = with_dbname(settings.settlement_dsn, "postgres")
     with connect(maint, autocommit=True) as conn:

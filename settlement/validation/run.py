@@ -2,19 +2,21 @@
 
 The GX project is a file context kept in the repository (``gx/``): suites, validation
 definitions and checkpoints are JSON files there; results and Data Docs go to
-``gx/uncommitted/`` (ignored by git). ``ensure_project`` creates whatever is missing and
-replaces a suite whose expectations differ from the code in ``suites.py``.
+``gx/uncommitted/`` (ignored by git). An installed wheel carries a copy and opens it under
+the state directory (or ``SETTLE_GX_DIR``). ``ensure_project`` creates whatever is missing
+and replaces a suite whose expectations differ from the code in ``suites.py``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from settlement.config import REPO_ROOT
+from settlement.config import ConfigError, Settings, load_settings, resource_dir
 from settlement.validation.suites import SuitePlan, all_suites
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -62,10 +64,40 @@ class ValidationOutcome:
                 "skipped": self.skipped, "data_docs": self.data_docs}
 
 
-def get_context() -> Any:
+def get_context(settings: Settings | None = None) -> Any:
+    """The GX file context at ``Settings.gx_project_dir``: the checkout's gx/ (as before),
+    else SETTLE_GX_DIR or, for an installed wheel, <state_dir>/gx. A project folder without
+    great_expectations.yml is first seeded from the shipped gx/ (checkout or wheel), so an
+    installed package never writes results or data sources into site-packages."""
+    import shutil
+    import tempfile
+
     import great_expectations as gx
 
-    return gx.get_context(mode="file", project_root_dir=str(REPO_ROOT))
+    root = (settings or load_settings()).gx_project_dir
+    if not (root / "great_expectations.yml").is_file():
+        source = resource_dir("gx")
+        ignore = shutil.ignore_patterns("uncommitted", "__pycache__")
+        try:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            if root.exists():
+                shutil.copytree(source, root, ignore=ignore, dirs_exist_ok=True)
+            else:  # copy aside, then rename: a concurrent first run sees all or nothing
+                tmp = Path(tempfile.mkdtemp(prefix=".gx-", dir=root.parent))
+                shutil.copytree(source, tmp / "gx", ignore=ignore)
+                try:
+                    (tmp / "gx").rename(root)
+                except OSError:
+                    if not (root / "great_expectations.yml").is_file():
+                        raise
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot create the Great Expectations project at {root} from {source}: {e}; "
+                "set SETTLE_GX_DIR (or SETTLE_STATE_DIR) to a writable folder"
+            ) from None
+    return gx.get_context(mode="file", context_root_dir=str(root))
 
 
 def _vd_name(plan: SuitePlan) -> str:
