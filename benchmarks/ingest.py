@@ -23,13 +23,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from consumers.parse import decode, trade_copy_line  # noqa: E402
-from consumers.site import Site, SiteOptions, consumer_config  # noqa: E402
-from settlement import services  # noqa: E402
-from settlement.config import Settings, load_settings  # noqa: E402
-from settlement.db import connect, ensure_database, migrate_database  # noqa: E402
-from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate  # noqa: E402
-from settlement.kafka.admin import ensure_topic  # noqa: E402
+from consumers.parse import decode, trade_copy_line
+from consumers.site import Site, SiteOptions, consumer_config
+from settlement import services
+from settlement.config import Settings, load_settings
+from settlement.db import connect, ensure_database, migrate_database
+from settlement.kafka.admin import ensure_topic
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 
 DATE = "2026-11-24"
 

@@ -25,14 +25,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from consumers.site import Site, SiteOptions  # noqa: E402
-from settlement import services  # noqa: E402
-from settlement.config import Settings, load_settings  # noqa: E402
-from settlement.db import connect  # noqa: E402
-from settlement.eod.pipeline import run_eod  # noqa: E402
-from settlement.simulator.gateway import SimulationSpec, simulate  # noqa: E402
-from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace  # noqa: E402
-from settlement.spark.session import build_session  # noqa: E402
+from consumers.site import Site, SiteOptions
+from settlement import services
+from settlement.config import Settings, load_settings
+from settlement.db import connect
+from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.eod.pipeline import run_eod
+from settlement.simulator.gateway import SimulationSpec, simulate
+from settlement.spark.session import build_session
 
 DATE = "2026-11-24"
 SQL_NETTING = """

@@ -67,7 +67,7 @@ def eod_settlement() -> None:
         return PokeReturnValue(is_done=done, xcom_value=job["trade_date"])
 
     @task.branch
-    def choose_source(day: str, params: dict, ti=None) -> str:  # noqa: ANN001
+    def choose_source(day: str, params: dict, ti=None) -> str:
         from settlement.eod.sources import choose_source as choose
 
         choice = choose(orch.settings_from_airflow(), day, params["source"])

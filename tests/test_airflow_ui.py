@@ -67,7 +67,7 @@ def _token(base: str, password: str) -> str:
         return json.loads(r.read())["access_token"]
 
 
-def test_login_see_dags_and_run_eod_through_the_api(standalone, tmp_path: Path) -> None:  # noqa: ANN001
+def test_login_see_dags_and_run_eod_through_the_api(standalone, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     base, password, iso = standalone

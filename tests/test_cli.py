@@ -42,7 +42,7 @@ def test_bad_configuration_exits_2_and_names_the_variable() -> None:
     assert "SETTLE_KAFKA_BOOTSTRAP" in res.stderr
 
 
-def test_status_json_is_the_last_line(tmp_path) -> None:  # noqa: ANN001
+def test_status_json_is_the_last_line(tmp_path) -> None:
     res = run(["services", "status", "--json"], SETTLE_STATE_DIR=str(tmp_path),
               SETTLE_PG_PORT="25999", SETTLE_KAFKA_PORT="29999")
     assert res.returncode == 0, res.stderr

@@ -15,7 +15,7 @@ from tests.helpers import ROOT
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
 
 
-def _dagbag(path: Path):  # noqa: ANN202
+def _dagbag(path: Path):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(dag_folder=str(path))
@@ -101,7 +101,7 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
-def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN202
+def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):
     from settlement.orchestration.tasks import airflow_connections
 
     for k, v in airflow_connections(iso.settings).items():
@@ -111,7 +111,7 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, A
 
 
 @pytest.mark.services
-def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: None,  # noqa: ANN001
+def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from settlement.db import connect
     from tests.helpers import ingest_day
@@ -129,7 +129,7 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
 
 @pytest.mark.services
 def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
-        isolated, tmp_path: Path, airflow_db: None, monkeypatch: pytest.MonkeyPatch,  # noqa: ANN001
+        isolated, tmp_path: Path, airflow_db: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from settlement import services
     from settlement.db import connect
@@ -154,7 +154,7 @@ def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
 
 
 @pytest.mark.services
-def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,  # noqa: ANN001
+def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from settlement.orchestration.tasks import airflow_connections
 

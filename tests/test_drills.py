@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from settlement.drills import drill
 from settlement.config import Settings
+from settlement.drills import drill
 
 pytestmark = pytest.mark.services
 

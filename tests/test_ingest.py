@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from settlement.drills.checker import check_ledger, read_kafka_day
 from settlement.db import connect
+from settlement.drills.checker import check_ledger, read_kafka_day
 from tests.conftest import Isolated
 from tests.helpers import ROOT, SETTLE, last_json, settle, start_site, wait_exit, wait_for
 

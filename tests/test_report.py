@@ -25,7 +25,7 @@ def separate_day(isolated: Isolated, tmp_path: Path) -> tuple[Isolated, dict]:
     return isolated, ingest_day(isolated.env, tmp_path, DATE, ["a", "b"], "separate")
 
 
-def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None:  # noqa: ANN001
+def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None:
     iso, sim = separate_day
     out = run_eod(iso.settings, DATE)
     assert out["source"] == "kafka" and out["validation_success"] is True, out["validation"]
@@ -56,7 +56,7 @@ def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None
     assert shot.stat().st_size > 20_000
 
 
-def test_a_site_missing_a_trade_fails_validation_and_names_it(separate_day) -> None:  # noqa: ANN001
+def test_a_site_missing_a_trade_fails_validation_and_names_it(separate_day) -> None:
     iso, _ = separate_day
     with connect(iso.settings.ledger_dsn("a")) as conn:
         lost = conn.execute("delete from trades where trade_id = (select min(trade_id)"
@@ -100,7 +100,7 @@ def test_failover_events_from_heartbeats() -> None:
     assert moved["detail"] == "[3, 4, 5] -> [0, 1, 2, 3, 4, 5]"
 
 
-def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:  # noqa: ANN001
+def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:
     from settlement.eod.sources import choose_source
 
     iso, sim = separate_day

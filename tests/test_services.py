@@ -12,9 +12,9 @@ import pytest
 from settlement import services as svc
 from settlement.config import Settings, load_settings
 from settlement.db import SQL_DIR, connect, migrate_database
-from settlement.services.schema import dump_schema, normalise_dump
 from settlement.services.postgres import pg_bin
 from settlement.services.procs import ServiceError
+from settlement.services.schema import dump_schema, normalise_dump
 from tests.conftest import Isolated
 
 pytestmark = pytest.mark.services
@@ -38,7 +38,7 @@ def test_topic_has_the_configured_partitions(services: Settings) -> None:
     assert len(md.topics[services.topic].partitions) == services.partitions
 
 
-def test_taken_port_is_a_clear_error(tmp_path, services: Settings) -> None:  # noqa: ANN001
+def test_taken_port_is_a_clear_error(tmp_path, services: Settings) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -119,7 +119,7 @@ def test_migrations_from_empty_equal_the_schema_dump(services: Settings) -> None
     assert dump_schema(loaded) == dump_schema(migrated)
 
 
-def test_edited_migration_is_refused(services: Settings, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_edited_migration_is_refused(services: Settings, tmp_path, monkeypatch) -> None:
     import settlement.db as db
 
     dsn = _fresh_db(services)
@@ -133,7 +133,7 @@ def test_edited_migration_is_refused(services: Settings, tmp_path, monkeypatch) 
         migrate_database(dsn)
 
 
-def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path) -> None:  # noqa: ANN001
+def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path) -> None:
     # Random base64 ids start with "-" one time in 64; that once broke `kafka-storage format`.
     from settlement.services.kafka import KafkaNode
 

@@ -12,8 +12,8 @@ import pytest
 
 from settlement.db import connect
 from settlement.eod.pipeline import run_eod
-from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 from settlement.eod.sources import NoSource, choose_source
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 from tests.conftest import Isolated
 from tests.helpers import start_site, wait_exit
 

@@ -14,7 +14,7 @@ from settlement.config import REPO_ROOT
 def spawn_settle(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[str]:
     """Start ``settle ARGS --json`` with stdout and stderr into ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log, "w")  # noqa: SIM115 - the child owns it; closed when the child exits
+    out = open(log, "w")
     return subprocess.Popen([sys.executable, "-m", "settlement.cli", *args, "--json"],
                             env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO_ROOT)

@@ -53,7 +53,7 @@ def password(home: Path) -> str | None:
 
 def start(settings: Settings, home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True)
-    out = open(log, "ab")  # noqa: SIM115 - inherited by the child
+    out = open(log, "ab")
     return subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"],
                             env=airflow_env(settings, home, port), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -262,6 +262,7 @@ class EmbeddedKafka:
         return "started"
 
     def _brokers_registered(self, n: int) -> bool:
+        from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
         try:
@@ -269,7 +270,7 @@ class EmbeddedKafka:
                 {**self.settings.kafka_client_config(),
                  "bootstrap.servers": self.settings.bootstrap(n), "log_level": 0}
             ).list_topics(timeout=2)
-        except Exception:
+        except KafkaException:  # not up yet: the caller polls again
             return False
         return len(md.brokers) >= n
 
