@@ -1,30 +1,49 @@
 """Turning raw Kafka messages into ledger rows, or into a dead letter with a reason.
 
-Runs once per message on the ingest hot path, so checks are ordered cheapest first and the
+Every rule comes from ``settlement.contract``; ``settlement.spark.parse`` applies the same
+rules in Spark and ``tests/test_parity.py`` proves the two agree. This runs once per message
+on the ingest hot path, so checks are ordered cheapest first, the JSON checks that orjson
+does not make are proven unnecessary for the common flat message by counting bytes, and the
 output is a ready-made line of PostgreSQL COPY text.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from dataclasses import dataclass
 
 import orjson
 
-# Columns of the COPY into the staging table, in this order.
-TRADE_COLUMNS = (
-    "trade_id", "trade_date", "seq", "kafka_partition", "kafka_offset", "symbol", "price",
-    "quantity", "buyer", "seller", "executed_at", "site",
+from settlement.contract import (
+    BUYER,
+    CLOSE_LAST_SEQ,
+    CLOSE_PARTITION,
+    DATE_PATTERN,
+    EXECUTED_AT_PATTERN,
+    MAX_DEPTH,
+    MAX_KEY_LENGTH,
+    MAX_NUMBER_LENGTH,
+    MISSING_TYPE_MEANS,
+    NONZERO_PATTERN,
+    PRICE_PATTERN,
+    PRINTABLE_PATTERN,
+    QUANTITY,
+    SELLER,
+    SEQ,
+    SYMBOL,
+    TRADE_ID,
+    TYPE_HEADER,
 )
-_TEXT_FIELDS = ("trade_id", "symbol", "buyer", "seller")
-# The four text fields are joined with NUL (which PostgreSQL text cannot hold, so a NUL in
-# the input is refused) and escaped for COPY in one pass, NUL becoming the column tab.
-_COPY_ESCAPES = str.maketrans(
-    {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\t"})
-# numeric(18, 4): up to 14 integer digits, up to 4 decimals. Checking the text keeps binary
-# floating point (and even Decimal construction) off the hot path.
-_PRICE = re.compile(r"(?:0|[1-9][0-9]{0,13})(?:\.[0-9]{1,4})?")
+
+_DATE = re.compile(DATE_PATTERN)
+_EXECUTED_AT = re.compile(EXECUTED_AT_PATTERN)
+_PRICE = re.compile(f"(?={NONZERO_PATTERN})(?:{PRICE_PATTERN})")
+_PRINTABLE = re.compile(PRINTABLE_PATTERN)
+_TEXT_FIELDS = (TRADE_ID, SYMBOL, BUYER, SELLER)
+_ID_MAX, _SYMBOL_MAX = TRADE_ID.max_length, SYMBOL.max_length
+_BUYER_MAX, _SELLER_MAX = BUYER.max_length, SELLER.max_length
 _valid_dates: dict[str, bool] = {}
 
 
@@ -39,36 +58,46 @@ class CloseMarker:
     last_seq: int
 
 
-def _date(value: object, field: str) -> str:
-    if type(value) is not str:
-        raise Malformed(f"{field} must be a YYYY-MM-DD string, got {type(value).__name__}")
+def _is_date(value: str) -> bool:
     ok = _valid_dates.get(value)
     if ok is None:
         try:
-            ok = len(value) == 10 and dt.date.fromisoformat(value) is not None
-        except ValueError:
+            ok = _DATE.fullmatch(value) is not None and dt.date.fromisoformat(value) is not None
+        except ValueError:  # the pattern passed, the calendar did not (30 February)
             ok = False
         if len(_valid_dates) < 10_000:  # a day has one date; bound the cache anyway
             _valid_dates[value] = ok
-    if not ok:
-        raise Malformed(f"unknown {field} {value[:40]!r}: not a YYYY-MM-DD calendar date")
+    return ok
+
+
+def _date(value: object, field: str) -> str:
+    if type(value) is not str:
+        raise Malformed(f"{field} must be a YYYY-MM-DD string, got {type(value).__name__}")
+    if not _is_date(value):
+        raise Malformed(
+            f"unknown {field} {value[:40]!r}: not a YYYY-MM-DD calendar date in 2000-2099")
     return value
 
 
-def _int(value: object, field: str) -> int:
+def _int(value: object, field: str, minimum: int, maximum: int) -> int:
     # bool is an int subclass in Python, but `true` is not a sequence number.
     if type(value) is not int:
         raise Malformed(f"{field} must be an integer, got {type(value).__name__}")
-    return value
+    if not minimum <= value <= maximum:  # type: ignore[operator]
+        raise Malformed(f"{field} must be in [{minimum}, {maximum}], got {value}")
+    return value  # type: ignore[return-value]
 
 
 def decode(raw: bytes | None, max_bytes: int) -> dict[str, object]:
+    """The message's JSON object, if the value is one the contract accepts as JSON."""
     if raw is None:
         raise Malformed("empty message (null value)")
     if len(raw) > max_bytes:
         raise Malformed(f"oversized: {len(raw)} bytes > limit {max_bytes}")
     try:
-        obj = orjson.loads(raw)  # also rejects invalid UTF-8
+        # Strict RFC 8259 and UTF-8: also refuses trailing content, lone surrogate escapes,
+        # numbers that overflow a double, NaN and a byte order mark.
+        obj = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         try:
             raw.decode("utf-8")
@@ -77,7 +106,50 @@ def decode(raw: bytes | None, max_bytes: int) -> dict[str, object]:
         raise Malformed(f"invalid JSON: {e}") from None
     if type(obj) is not dict:
         raise Malformed(f"expected a JSON object, got {type(obj).__name__}")
+    # What orjson lets through: repeated keys (it keeps the last), deep nesting, long numbers
+    # and keys. None of them can be in a short value without escapes whose values are all
+    # scalars and whose quotes are exactly those of its keys and string values: there, every
+    # '"' delimits a string, so a repeated key would add two.
+    if len(raw) <= MAX_NUMBER_LENGTH and b"\\" not in raw:
+        types = list(map(type, obj.values()))
+        if (dict not in types and list not in types
+                and raw.count(b'"') == 2 * (len(types) + types.count(str))):
+            return obj
+    _check_json_limits(raw, obj)
     return obj
+
+
+def _check_json_limits(raw: bytes, obj: dict[str, object]) -> None:
+    """The contract's JSON rules beyond RFC 8259 (see settlement.contract), the slow way."""
+    depth, level = 1, [obj]
+    while level:
+        nested = [v for c in level for v in (c.values() if type(c) is dict else c)
+                  if type(v) is dict or type(v) is list]
+        if nested:
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise Malformed(f"invalid JSON: nested deeper than {MAX_DEPTH} levels")
+        level = nested  # type: ignore[assignment]
+
+    def pairs(items: list[tuple[str, object]]) -> None:
+        seen: set[str] = set()
+        for k, _ in items:
+            if k in seen:
+                raise Malformed(f"invalid JSON: duplicate key {k[:40]!r}")
+            seen.add(k)
+            # UTF-16 code units, as Jackson counts them; only long keys can exceed the limit.
+            if len(k) > MAX_KEY_LENGTH // 2 and len(k.encode("utf-16-le")) // 2 > MAX_KEY_LENGTH:
+                raise Malformed(f"invalid JSON: key longer than {MAX_KEY_LENGTH} characters")
+        # The structure is orjson's; this pass only checks.
+
+    def number(text: str) -> int:
+        if len(text) > MAX_NUMBER_LENGTH:
+            raise Malformed(f"invalid JSON: number longer than {MAX_NUMBER_LENGTH} characters")
+        return 0
+
+    # The standard library parser reports what orjson hides: every key of every object in
+    # order and the text of every number. orjson has already accepted the value.
+    json.loads(raw, object_pairs_hook=pairs, parse_int=number, parse_float=number)
 
 
 def trade_copy_line(obj: dict[str, object], partition: int, offset: int, site: str) -> str:
@@ -94,41 +166,42 @@ def trade_copy_line(obj: dict[str, object], partition: int, offset: int, site: s
         executed_at = obj["executed_at"]
     except KeyError as e:
         raise Malformed(f"missing field {e.args[0]!r}") from None
-    texts = (trade_id, symbol, buyer, seller)
-    for name, v in zip(_TEXT_FIELDS, texts, strict=True):
-        if type(v) is not str or not v:
-            raise Malformed(f"{name} must be a non-empty string")
+    if not (type(trade_id) is str and type(symbol) is str and type(buyer) is str
+            and type(seller) is str and 0 < len(trade_id) <= _ID_MAX
+            and 0 < len(symbol) <= _SYMBOL_MAX and 0 < len(buyer) <= _BUYER_MAX
+            and 0 < len(seller) <= _SELLER_MAX):
+        for field, v in zip(_TEXT_FIELDS, (trade_id, symbol, buyer, seller), strict=True):
+            if type(v) is not str or not 0 < len(v) <= field.max_length:
+                raise Malformed(
+                    f"{field.name} must be a string of 1 to {field.max_length} characters")
+    texts = trade_id + symbol + buyer + seller  # type: ignore[operator]
+    # isprintable() is a fast and stricter test; the contract's class decides when it fails.
+    if not texts.isprintable() and _PRINTABLE.fullmatch(texts) is None:
+        raise Malformed("text fields must not contain control characters")
     if buyer == seller:
         raise Malformed(f"buyer equals seller ({buyer!r})")
     _date(trade_date, "trade_date")
-    if _int(seq, "seq") <= 0:
-        raise Malformed(f"seq must be positive, got {seq}")
-    if _int(quantity, "quantity") <= 0:
-        raise Malformed(f"quantity must be positive, got {quantity}")
+    _int(seq, SEQ.name, SEQ.minimum, SEQ.maximum)
+    _int(quantity, QUANTITY.name, QUANTITY.minimum, QUANTITY.maximum)
     if type(price) is not str:
         # A JSON number would have gone through binary floating point: refuse it.
         raise Malformed(f"price must be a decimal string, got {type(price).__name__}")
     if _PRICE.fullmatch(price) is None:
         raise Malformed(
-            f"price must be a positive decimal with at most 14 integer digits and 4 decimal "
-            f"places, got {price[:40]!r}")
-    if not price.strip("0."):
-        raise Malformed(f"price must be positive, got {price!r}")
+            f"price must be a positive decimal with at most 14 integer digits, no leading "
+            f"zeros and at most 4 decimal places, got {price[:40]!r}")
     if type(executed_at) is not str:
         raise Malformed("executed_at must be an ISO-8601 string")
-    try:
-        ts = dt.datetime.fromisoformat(executed_at)
-    except ValueError:
-        raise Malformed(f"executed_at is not ISO-8601: {executed_at[:40]!r}") from None
-    if ts.tzinfo is None:
-        raise Malformed(f"executed_at has no time zone: {executed_at[:40]!r}")
-    joined = f"{trade_id}\0{symbol}\0{buyer}\0{seller}"
-    if joined.count("\0") != 3:
-        raise Malformed("text fields must not contain NUL characters")
-    t_id, sym, parties = joined.translate(_COPY_ESCAPES).split("\t", 2)
+    if _EXECUTED_AT.fullmatch(executed_at) is None or not _is_date(executed_at[:10]):
+        raise Malformed(
+            f"executed_at is not ISO-8601 with seconds and a zone: {executed_at[:40]!r}")
+    if "\\" in texts:
+        # Control characters are refused above, so a backslash is all COPY needs escaped.
+        trade_id, symbol, buyer, seller = (
+            s.replace("\\", "\\\\") for s in (trade_id, symbol, buyer, seller))  # type: ignore[attr-defined]
     return (
-        f"{t_id}\t{trade_date}\t{seq}\t{partition}\t{offset}\t{sym}\t{price}\t{quantity}\t"
-        f"{parties}\t{executed_at}\t{site}\n"
+        f"{trade_id}\t{trade_date}\t{seq}\t{partition}\t{offset}\t{symbol}\t{price}\t"
+        f"{quantity}\t{buyer}\t{seller}\t{executed_at}\t{site}\n"
     )
 
 
@@ -138,16 +211,18 @@ def close_marker(obj: dict[str, object], partition: int) -> CloseMarker:
     except KeyError as e:
         raise Malformed(f"close marker: missing field {e.args[0]!r}") from None
     _date(trade_date, "trade_date")
-    if _int(part, "partition") != partition:
+    _int(part, CLOSE_PARTITION.name, CLOSE_PARTITION.minimum, CLOSE_PARTITION.maximum)
+    if part != partition:
         raise Malformed(f"close marker for partition {part} arrived on partition {partition}")
-    if _int(last_seq, "last_seq") < 0:
-        raise Malformed(f"close marker: negative last_seq {last_seq}")
-    return CloseMarker(str(trade_date), partition, last_seq)
+    _int(last_seq, CLOSE_LAST_SEQ.name, CLOSE_LAST_SEQ.minimum, CLOSE_LAST_SEQ.maximum)
+    return CloseMarker(str(trade_date), partition, last_seq)  # type: ignore[arg-type]
 
 
 def message_type(headers: list[tuple[str, bytes]] | None) -> str:
+    """The first ``type`` header's value ('' when it is null); a message without one is a
+    trade. Any value but 'trade' or 'close' makes the caller dead-letter the message."""
     if headers:
         for k, v in headers:
-            if k == "type":
+            if k == TYPE_HEADER:
                 return v.decode("utf-8", "replace") if v is not None else ""
-    return "trade"  # the contract says trades carry type=trade; a missing header is lenient
+    return MISSING_TYPE_MEANS

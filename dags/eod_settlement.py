@@ -17,7 +17,8 @@ one trade date:
 4. **publish_report**: reads the run's record, names the report; fails the run if
    validation failed.
 
-Params: `trade_date` (YYYY-MM-DD, default: the scheduled day) and `source` (auto|kafka|db).
+Params: `trade_date` (YYYY-MM-DD, default: the scheduled day), `source` (auto|kafka|db) and
+`accept_incomplete` (a reason to publish a day that fails validation; recorded).
 Connections: `kafka_default`, `settlement_db`, `ledger_a`, `ledger_b`, `ledger_shared`,
 `spark_default`. Logic lives in `settlement.orchestration.tasks`; reruns of a date are idempotent.
 """
@@ -49,6 +50,9 @@ from settlement.orchestration.operators import SettlementSparkSubmitOperator
                             description="YYYY-MM-DD; empty = the scheduled day"),
         "source": Param("auto", enum=["auto", "kafka", "db"],
                         description="auto: Kafka if it holds the whole day"),
+        "accept_incomplete": Param(None, type=["null", "string"],
+                                   description="publish even if validation fails; the reason "
+                                               "is recorded in the run and the audit report"),
     },
 )
 def eod_settlement() -> None:
@@ -84,7 +88,8 @@ def eod_settlement() -> None:
             application_args=[
                 "--date", "{{ ti.xcom_pull(task_ids='wait_for_close') }}",
                 "--source", source, "--reason",
-                "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}"],
+                "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}",
+                "--accept-incomplete", "{{ params.accept_incomplete or '' }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
         )

@@ -117,10 +117,10 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.eod.pipeline import run_eod
 
-    out = run_eod(s, args.date, source=args.source)
-    if out.get("validation_success") is False:
-        raise CommandFailed(f"validation failed for {args.date}; see {out.get('report_path')}",
-                            out)
+    out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete)
+    if not out.get("published"):
+        raise CommandFailed(f"{out.get('publication')} (report: {out.get('report_path')}); "
+                            "to publish anyway: --accept-incomplete \"reason\"", out)
     return out
 
 
@@ -279,6 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--date", type=_date, required=True)
     sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
                     help="auto: Kafka if it holds the whole day, else the ledger database")
+    sp.add_argument("--accept-incomplete", metavar="REASON", default=None,
+                    help="publish the day even if validation fails; the reason is recorded "
+                         "in the run and the audit report (default: publish only a "
+                         "validated day)")
 
     sp = add("validate", "Great Expectations checks of one trade date (no settlement)")
     sp.add_argument("--date", type=_date, required=True)

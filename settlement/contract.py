@@ -60,11 +60,18 @@ PRINTABLE_PATTERN = rf"[^{CONTROL_CHARS}]*"
 MIN_DATE = dt.date(2000, 1, 1)
 MAX_DATE = dt.date(2099, 12, 31)
 # YYYY-MM-DD within [MIN_DATE, MAX_DATE]; the calendar check (no 30 February) comes after.
-DATE_PATTERN = r"20[0-9]{2}-[0-9]{2}-[0-9]{2}"
+# Months and days are spelled out (01-12, 01-31) rather than [0-9]{2} so that the pattern
+# alone refuses month 13 or day 00, and each parser's calendar check only has to catch the
+# day a month lacks. The patterns are unanchored: Python uses fullmatch, Spark wraps them in
+# ^(?:...)\z (Java's $ also matches before a final newline).
+_YMD = r"20[0-9]{2}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])"
+DATE_PATTERN = _YMD
 # Strict ISO-8601 with a 'T', seconds, up to microseconds and a zone: Z or +hh:mm with
 # |offset| < 15 h (PostgreSQL refuses offsets of 16 h and more, Java of more than 18 h).
+# Hours 00-23 and seconds 00-59: no 24:00:00 and no leap second 23:59:60, which Python and
+# Spark refuse and PostgreSQL would accept (rolling over to the next minute or day).
 EXECUTED_AT_PATTERN = (
-    r"20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?"
+    _YMD + r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?"
     r"(?:Z|[+-](?:0[0-9]|1[0-4]):[0-5][0-9])"
 )
 PRICE_PRECISION = 18
@@ -76,6 +83,26 @@ PRICE_PATTERN = (
 )
 # ...and not zero: at least one non-zero digit somewhere.
 NONZERO_PATTERN = r".*[1-9].*"
+
+# -- the JSON itself ----------------------------------------------------------------------
+# A value is one RFC 8259 JSON object in UTF-8 (no byte order mark), optionally surrounded
+# by JSON whitespace and by nothing else, and on top of RFC 8259:
+# - no object repeats a key (orjson keeps the last value, Spark's reader the last one for
+#   the fields it reads and the first one for its own checks: refuse rather than guess);
+# - no lone UTF-16 surrogate escape ("\ud800"), which is not a character;
+# - every number is finite as a binary64 double (orjson refuses 1e400);
+# - the limits below, which keep what orjson and Spark's Jackson accept the same.
+JSON_WHITESPACE = " \t\n\r"
+# Objects and arrays nest at most this deep (the trade object itself is level 1). orjson
+# stops at 1024 levels and Jackson at 1000; extra fields need far fewer.
+MAX_DEPTH = 8
+# A number token is at most this many characters. Jackson refuses numbers of more than 1000
+# digits (counted its own way); orjson has no such limit.
+MAX_NUMBER_LENGTH = 1000
+# An object key is at most this many UTF-16 code units: Jackson's default name limit (Spark
+# cannot raise it), enforced by Spark's reader itself and checked by the Python parser. Only
+# a value longer than this many bytes can hold such a key.
+MAX_KEY_LENGTH = 50_000
 
 MAX_SEQ = 10**15  # per trade date and partition; far above any real day
 MAX_QUANTITY = 10**9  # a day of such trades still sums inside bigint

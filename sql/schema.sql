@@ -82,6 +82,44 @@ CREATE TABLE public.positions (
     net_cash numeric(28,4) NOT NULL,
     trade_count bigint NOT NULL
 );
+CREATE TABLE public.published_days (
+    trade_date date NOT NULL,
+    run_id bigint NOT NULL,
+    published_at timestamp with time zone DEFAULT now() NOT NULL
+);
+CREATE TABLE public.run_cash_obligations (
+    run_id bigint NOT NULL,
+    trade_date date CONSTRAINT cash_obligations_trade_date_not_null NOT NULL,
+    account text CONSTRAINT cash_obligations_account_not_null NOT NULL,
+    buy_amount numeric(28,4) CONSTRAINT cash_obligations_buy_amount_not_null NOT NULL,
+    sell_amount numeric(28,4) CONSTRAINT cash_obligations_sell_amount_not_null NOT NULL,
+    net_cash numeric(28,4) CONSTRAINT cash_obligations_net_cash_not_null NOT NULL,
+    trade_count bigint CONSTRAINT cash_obligations_trade_count_not_null NOT NULL
+);
+CREATE TABLE public.run_instrument_summary (
+    run_id bigint NOT NULL,
+    trade_date date CONSTRAINT instrument_summary_trade_date_not_null NOT NULL,
+    symbol text CONSTRAINT instrument_summary_symbol_not_null NOT NULL,
+    trades bigint CONSTRAINT instrument_summary_trades_not_null NOT NULL,
+    volume bigint CONSTRAINT instrument_summary_volume_not_null NOT NULL,
+    notional numeric(28,4) CONSTRAINT instrument_summary_notional_not_null NOT NULL,
+    vwap numeric(28,10) CONSTRAINT instrument_summary_vwap_not_null NOT NULL,
+    low_price numeric(18,4) CONSTRAINT instrument_summary_low_price_not_null NOT NULL,
+    high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL
+);
+CREATE TABLE public.run_positions (
+    run_id bigint NOT NULL,
+    trade_date date CONSTRAINT positions_trade_date_not_null NOT NULL,
+    account text CONSTRAINT positions_account_not_null NOT NULL,
+    symbol text CONSTRAINT positions_symbol_not_null NOT NULL,
+    bought_qty bigint CONSTRAINT positions_bought_qty_not_null NOT NULL,
+    sold_qty bigint CONSTRAINT positions_sold_qty_not_null NOT NULL,
+    net_qty bigint CONSTRAINT positions_net_qty_not_null NOT NULL,
+    buy_amount numeric(28,4) CONSTRAINT positions_buy_amount_not_null NOT NULL,
+    sell_amount numeric(28,4) CONSTRAINT positions_sell_amount_not_null NOT NULL,
+    net_cash numeric(28,4) CONSTRAINT positions_net_cash_not_null NOT NULL,
+    trade_count bigint CONSTRAINT positions_trade_count_not_null NOT NULL
+);
 CREATE TABLE public.settlement_runs (
     run_id bigint NOT NULL,
     trade_date date NOT NULL,
@@ -103,6 +141,8 @@ CREATE TABLE public.settlement_runs (
     error text,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
+    published_at timestamp with time zone,
+    accepted_incomplete text,
     CONSTRAINT settlement_runs_source_check CHECK ((source = ANY (ARRAY['kafka'::text, 'db'::text]))),
     CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text])))
 );
@@ -166,6 +206,14 @@ ALTER TABLE ONLY public.instrument_summary
     ADD CONSTRAINT instrument_summary_pkey PRIMARY KEY (trade_date, symbol);
 ALTER TABLE ONLY public.positions
     ADD CONSTRAINT positions_pkey PRIMARY KEY (trade_date, account, symbol);
+ALTER TABLE ONLY public.published_days
+    ADD CONSTRAINT published_days_pkey PRIMARY KEY (trade_date);
+ALTER TABLE ONLY public.run_cash_obligations
+    ADD CONSTRAINT run_cash_obligations_pkey PRIMARY KEY (run_id, account);
+ALTER TABLE ONLY public.run_instrument_summary
+    ADD CONSTRAINT run_instrument_summary_pkey PRIMARY KEY (run_id, symbol);
+ALTER TABLE ONLY public.run_positions
+    ADD CONSTRAINT run_positions_pkey PRIMARY KEY (run_id, account, symbol);
 ALTER TABLE ONLY public.settlement_runs
     ADD CONSTRAINT settlement_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.site_heartbeats
@@ -178,3 +226,11 @@ CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (si
 CREATE INDEX trades_date_partition_seq ON public.trades USING btree (trade_date, kafka_partition, seq);
 ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.published_days
+    ADD CONSTRAINT published_days_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.run_cash_obligations
+    ADD CONSTRAINT run_cash_obligations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.run_instrument_summary
+    ADD CONSTRAINT run_instrument_summary_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.run_positions
+    ADD CONSTRAINT run_positions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);

@@ -64,7 +64,7 @@ def test_policies(dags: dict) -> None:
 def test_eod_shape(dags: dict) -> None:
     dag = dags["eod_settlement"]
     assert dag.schedule is not None or dag.timetable is not None
-    assert set(dag.params) == {"trade_date", "source"}
+    assert set(dag.params) == {"trade_date", "source", "accept_incomplete"}
     ids = set(dag.task_ids)
     assert {"prepare", "wait_for_close", "choose_source", "settle_from_kafka", "settle_from_db",
             "publish_report"} <= ids
@@ -101,6 +101,20 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
+def _published(dsn: str, day: str) -> tuple[bytes, int]:
+    """The published positions of the day, byte for byte, and the run they came from."""
+    from settlement.db import connect
+
+    with connect(dsn) as conn:
+        with conn.cursor().copy(
+            "copy (select * from positions where trade_date = %s order by account, symbol)"
+            " to stdout", (day,)) as copy:
+            data = b"".join(bytes(chunk) for chunk in copy)
+        run_id = conn.execute("select run_id from published_days where trade_date = %s",
+                              (day,)).fetchone()[0]
+    return data, run_id
+
+
 def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):
     from settlement.orchestration.tasks import airflow_connections
 
@@ -125,6 +139,25 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
                            " from settlement_runs where trade_date = %s", (day,)).fetchone()
     assert row[:4] == ("kafka", "succeeded", sim["trades"], True)
     assert Path(row[4]).exists()
+
+    # The ledger loses a trade; the rerun settles from Kafka, validation finds the trade
+    # missing from the ledger: nothing is published and the DAG run fails.
+    before = _published(isolated.settings.settlement_dsn, day)
+    assert before[0]
+    with connect(isolated.settings.ledger_dsn("shared")) as conn:
+        conn.execute("delete from trades where trade_id = (select min(trade_id) from trades)")
+        conn.commit()
+    rerun = _run_eod(isolated, day, monkeypatch)
+    assert str(rerun.state) == "failed", rerun.state
+    assert _published(isolated.settings.settlement_dsn, day) == before
+    with connect(isolated.settings.settlement_dsn) as conn:
+        status, ok, published, staged = conn.execute(
+            "select status, validation_success, published_at is not null,"
+            " (select count(*) from run_positions p where p.run_id = r.run_id)"
+            " from settlement_runs r where trade_date = %s order by run_id desc limit 1",
+            (day,)).fetchone()
+    assert (status, ok, published) == ("failed", False, False)
+    assert staged > 0  # the failed run's results are kept for inspection
 
 
 @pytest.mark.services

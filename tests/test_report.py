@@ -72,7 +72,8 @@ def test_a_site_missing_a_trade_fails_validation_and_names_it(separate_day) -> N
     with connect(iso.settings.settlement_dsn) as conn:
         status, error = conn.execute("select status, error from settlement_runs"
                                      " where run_id = %s", (out["run_id"],)).fetchone()
-    assert (status, error) == ("failed", "validation failed")
+    assert status == "failed" and error.startswith("validation failed"), error
+    assert "not published" in error and not out["published"]
     html = Path(out["report_path"]).read_text()
     assert "VALIDATION FAILED" in html and lost in html
 

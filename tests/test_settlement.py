@@ -172,3 +172,55 @@ def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolate
     assert f"for {DATE} is not at offset" in choice.reason, choice.reason
     with pytest.raises(NoSource, match="--source kafka was requested"):
         choose_source(s, DATE, requested="kafka", timeout=5)
+
+
+def _published_bytes(dsn: str) -> tuple[bytes, int | None]:
+    with connect(dsn) as conn:
+        with conn.cursor().copy(
+            "copy (select * from positions where trade_date = %s order by account, symbol)"
+            " to stdout", (DATE,)) as copy:
+            data = b"".join(bytes(chunk) for chunk in copy)
+        row = conn.execute("select run_id from published_days where trade_date = %s",
+                           (DATE,)).fetchone()
+    return data, None if row is None else row[0]
+
+
+def test_only_validated_results_are_published(settled_day: Isolated) -> None:
+    s = settled_day.settings
+    good = run_eod(s, DATE, source="db")
+    assert good["published"] and good["validation_success"]
+    before = _published_bytes(s.settlement_dsn)
+    assert before == (before[0], good["run_id"]) and before[0]
+
+    # The ledger loses a trade: the rerun fails validation and publishes nothing.
+    with connect(s.ledger_dsn("a")) as conn:
+        lost = conn.execute("delete from trades where trade_id = (select max(trade_id)"
+                            " from trades) returning trade_id").fetchone()[0]
+        conn.commit()
+    bad = run_eod(s, DATE, source="db")
+    assert bad["validation_success"] is False and not bad["published"]
+    assert bad["status"] == "failed" and "not published" in bad["publication"]
+    assert _published_bytes(s.settlement_dsn) == before  # byte for byte, same run
+    runs = _table(s.settlement_dsn, "select run_id, status, published_at is not null, error"
+                  " from settlement_runs where trade_date = %s order by run_id")
+    assert [(r[1], r[2]) for r in runs] == [("succeeded", True), ("failed", False)]
+    staged = _table(s.settlement_dsn, "select count(*), sum(trade_count) from run_positions"
+                    f" where run_id = {bad['run_id']} and trade_date = %s")
+    assert staged[0][0] > 0 and staged[0][1] == 2 * (SPEC.trades - 1)  # kept for inspection
+    assert lost and bad["validation"]["failures"]
+
+    # An operator forces the incomplete day through: published, and the decision recorded.
+    why = "OPS-1234: trade lost upstream, settling the rest by agreement"
+    forced = run_eod(s, DATE, source="db", accept_incomplete=why)
+    assert forced["published"] and forced["validation_success"] is False
+    assert forced["status"] == "succeeded" and forced["accepted_incomplete"] == why
+    after, run_id = _published_bytes(s.settlement_dsn)
+    assert run_id == forced["run_id"] and after != before[0]
+    recorded = _table(s.settlement_dsn, "select accepted_incomplete from settlement_runs"
+                      f" where run_id = {forced['run_id']} and trade_date = %s")
+    assert recorded == [(why,)]
+    report = json.loads(Path(forced["report_json"]).read_text())
+    assert report["publication"]["accepted_incomplete"] == why
+    assert why in Path(forced["report_path"]).read_text()
+    with pytest.raises(ValueError, match="needs the reason"):
+        run_eod(s, DATE, source="db", accept_incomplete="  ")

@@ -180,6 +180,15 @@ class SourceChoice:
         return tuple(n for n, st in self.states.items() if st.trades)
 
 
+@dataclass(frozen=True)
+class Publication:
+    """Whether a run's results became the published day, and why."""
+
+    published: bool
+    accepted_incomplete: str | None  # the operator's reason when a failed day was forced
+    note: str
+
+
 @dataclass
 class SettlementResult:
     """One settled date, exact, as the pipeline hands it to validation and the report."""

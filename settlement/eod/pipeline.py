@@ -11,18 +11,22 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from settlement.config import Settings
 from settlement.db import connect, q
 from settlement.eod.model import (
     RESULT_TABLES,
     Position,
+    Publication,
     SettlementResult,
     SourceChoice,
     rows_of,
 )
 from settlement.eod.sources import choose_source, with_reason
+
+if TYPE_CHECKING:
+    from settlement.validation.run import ValidationOutcome
 
 T = TypeVar("T")
 
@@ -54,19 +58,39 @@ def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, 
         conn.commit()
 
 
-def write_results(settings: Settings, result: SettlementResult) -> None:
-    """Replace the date's rows in every result table, atomically."""
+def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> None:
+    """The run's results into the run-tagged tables (not yet published)."""
     rows = {"positions": result.positions, "cash_obligations": result.obligations,
             "instrument_summary": result.instruments}
     with connect(settings.settlement_dsn) as conn, conn.transaction():
         for table, row_type in RESULT_TABLES.items():
-            conn.execute(q("eod", f"delete_{table}"), {"trade_date": result.trade_date})
-            # Table and column names are constants of this module's row types, not data.
+            # Table and column names are constants of the row types, not data.
+            columns = ", ".join(("run_id", *row_type._fields))
             with conn.cursor().copy(
-                f"copy {table} ({', '.join(row_type._fields)}) from stdin"  # type: ignore[arg-type]
+                f"copy run_{table} ({columns}) from stdin"  # type: ignore[arg-type]
             ) as copy:
                 for row in rows[table]:
-                    copy.write_row(row)
+                    copy.write_row((run_id, *row))
+
+
+def publish(settings: Settings, run_id: int, trade_date: str,
+            accepted_incomplete: str | None) -> None:
+    """Replace the date's published rows with the run's, and say which run they came from,
+    in one transaction: readers see the old day or the new one, never a mix."""
+    params = {"run_id": run_id, "trade_date": trade_date,
+              "accepted_incomplete": accepted_incomplete}
+    with connect(settings.settlement_dsn) as conn, conn.transaction():
+        for table in RESULT_TABLES:
+            conn.execute(q("eod", f"delete_{table}"), params)
+            conn.execute(q("eod", f"publish_{table}"), params)
+        conn.execute(q("eod", "mark_published"), params)
+        conn.execute(q("eod", "record_publication"), params)
+
+
+def published_run(settings: Settings, trade_date: str) -> int | None:
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "published_run"), {"trade_date": trade_date}).fetchone()
+    return None if row is None else int(row[0])
 
 
 def stored_positions(settings: Settings, trade_date: str) -> list[Position]:
@@ -84,15 +108,22 @@ def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
 
 
 def run_eod(settings: Settings, trade_date: str, source: str = "auto",
-            validate: bool = True, reason: str | None = None) -> dict[str, Any]:
-    """Settle one date. ``reason``: when a caller (the DAG's branch) already chose the source,
-    its reason is what the run records."""
+            validate: bool = True, reason: str | None = None,
+            accept_incomplete: str | None = None) -> dict[str, Any]:
+    """Settle one date: stage the results, validate them, publish only if validation passed
+    (or ``accept_incomplete`` gives the operator's reason to publish anyway), report.
+
+    ``reason``: when a caller (the DAG's branch) already chose the source, its reason is what
+    the run records. ``validate=False`` stages the results without publishing them.
+    """
     from settlement.report import write_report
     from settlement.spark.io import read_day
     from settlement.spark.session import build_session
     from settlement.spark.settle import settle_day
     from settlement.validation.day import record_validation, validate_day
 
+    if accept_incomplete is not None and not accept_incomplete.strip():
+        raise ValueError("--accept-incomplete needs the reason the day is published anyway")
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     choice = _timed(timings, "choose",
@@ -107,20 +138,28 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
                          lambda: settle_day(read, trade_date, choice.source))
         result = settled.result
         result.timings = {**timings, **result.timings}
+        _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
         outcome = None
         if validate:
             outcome = _timed(result.timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, settled.trades, result.positions,
                 result.trades))
-        _timed(result.timings, "publish", lambda: write_results(settings, result))
+        pub = decide_publication(outcome, accept_incomplete)
+        if pub.published:
+            _timed(result.timings, "publish", lambda: publish(
+                settings, run_id, trade_date, pub.accepted_incomplete))
         report = None
         if outcome is not None:
             report = _timed(result.timings, "report", lambda: write_report(
-                settings, run_id, trade_date, choice, result, outcome))
+                settings, run_id, trade_date, choice, result, outcome, pub))
         result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
         summary.update(result.summary())
-        finish_run(settings, run_id, "succeeded", summary)
-        summary["status"] = "succeeded"
+        summary.update({"published": pub.published, "publication": pub.note,
+                        "accepted_incomplete": pub.accepted_incomplete})
+        status = "failed" if outcome is not None and not pub.published else "succeeded"
+        finish_run(settings, run_id, status, summary,
+                   error=None if status == "succeeded" else pub.note)
+        summary["status"] = status
         if outcome is not None and report is not None:
             record_validation(settings, run_id, outcome, str(report.html))
             summary.update({"validation_success": outcome.success,
@@ -136,6 +175,25 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         if read is not None:
             read.release()
     return summary
+
+
+def decide_publication(outcome: ValidationOutcome | None,
+                       accept_incomplete: str | None) -> Publication:
+    """Only validated results are published; an operator may force a failed day, with a
+    reason that is recorded."""
+    if outcome is None:
+        return Publication(False, None, "not validated: results staged in run_* tables only")
+    if outcome.success:
+        return Publication(True, None, "validation passed: published")
+    failed = len(outcome.failures)
+    if accept_incomplete:
+        return Publication(True, accept_incomplete.strip(),
+                           f"validation failed ({failed} checks) but published by operator "
+                           f"decision: {accept_incomplete.strip()}")
+    return Publication(False, None,
+                       f"validation failed ({failed} checks): not published; the previously "
+                       "published day is unchanged and this run's results are kept in the "
+                       "run_* tables")
 
 
 def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> dict[str, Any]:
@@ -167,7 +225,8 @@ def latest_run(settings: Settings, trade_date: str) -> dict[str, Any]:
     if row is None:
         raise RuntimeError(f"no settlement run recorded for {trade_date}")
     (run_id, status, source, source_reason, trades, success, validation,
-     report_path, error) = row
+     report_path, error, published, accepted) = row
     return {"run_id": run_id, "trade_date": trade_date, "status": status, "source": source,
             "source_reason": source_reason, "trades": trades, "validation_success": success,
-            "validation": validation or {}, "report_path": report_path, "error": error}
+            "validation": validation or {}, "report_path": report_path, "error": error,
+            "published": published, "accepted_incomplete": accepted}

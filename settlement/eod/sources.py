@@ -9,14 +9,13 @@ choice carries a sentence an operator can read in the Airflow UI and the audit r
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
-from typing import Any
 
 import psycopg
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import q, redact
+from settlement.eod.kafka_day import NotLocated, locate_day
 from settlement.eod.model import LedgerState, MarkerAt, NoSource, PartitionStats, SourceChoice
 
 
@@ -69,8 +68,9 @@ def choose_db(settings: Settings, trade_date: str, partitions: int,
 def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
                          states: dict[str, LedgerState]
                          ) -> tuple[dict[int, tuple[int, int]] | None, str]:
-    """partition -> (start, end) offsets of the day in Kafka, or None and why not."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    """partition -> [start, end) offsets of the day in Kafka and how they were found, or
+    None and why not (the fallback reason)."""
+    from confluent_kafka import KafkaException
 
     from settlement.kafka.admin import admin_client
 
@@ -82,67 +82,46 @@ def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
     if topic is None or topic.error is not None:
         return None, f"topic '{settings.topic}' does not exist on {settings.bootstrap()}"
     parts = sorted(topic.partitions)
-    # The ledgers recorded where the close markers are; Kafka must confirm each one. The
-    # day starts after the previous day's marker (or at the log start if none is known).
-    markers: dict[int, int] = {}
+    # What the ledgers recorded (marker offsets, where the previous day ended) only speeds the
+    # search up; Kafka must confirm every recorded offset.
+    recorded: dict[int, int] = {}
     previous: dict[int, int] = {}
     first_trade: dict[int, int] = {}
     for st in states.values():
         for p, m in st.markers.items():
-            markers.setdefault(p, m.offset)
+            recorded.setdefault(p, m.offset)
         for p, off in st.previous_markers.items():
             previous[p] = max(previous.get(p, -1), off)
         for p, stat in st.stats.items():
             first_trade[p] = min(first_trade.get(p, stat.first_offset), stat.first_offset)
-    missing = [p for p in parts if p not in markers]
-    if missing:
-        return None, (f"close markers for {trade_date} are not known for partitions "
-                      f"{missing} (no ledger ingested them), so the day's end in Kafka is "
-                      "unknown")
+    try:
+        lows = _low_watermarks(settings, parts, timeout)
+        for p, first in sorted(first_trade.items()):
+            if lows.get(p, 0) > first:
+                raise NotLocated(
+                    f"the day's offsets are no longer retained in Kafka: partition {p} now "
+                    f"starts at offset {lows[p]}, the day's first trade was at {first}")
+        located = locate_day(settings, trade_date, parts, recorded, previous, timeout)
+    except NotLocated as e:
+        return None, str(e)
+    searched = sorted(p for p, d in located.items() if d.found_by == "search")
+    how = ("found in Kafka by search on partitions " + ", ".join(map(str, searched))
+           if searched else "at the offsets the ledgers recorded")
+    return {p: (d.start, d.end) for p, d in located.items()}, how
+
+
+def _low_watermarks(settings: Settings, parts: list[int], timeout: float) -> dict[int, int]:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
     c = Consumer({**settings.kafka_client_config(), "group.id": f"eod-probe-{uuid.uuid4().hex}",
-                  "isolation.level": "read_committed", "enable.auto.commit": False,
                   "log_level": 3})
     try:
-        ranges: dict[int, tuple[int, int]] = {}
-        for p in parts:
-            marker = markers[p]
-            low, _high = c.get_watermark_offsets(TopicPartition(settings.topic, p),
-                                                 timeout=timeout)
-            start = max(previous.get(p, -1) + 1, low)
-            if p in first_trade and low > first_trade[p]:
-                return None, (f"the day's offsets are no longer retained in Kafka: partition "
-                              f"{p} now starts at offset {low}, the day's first trade was at "
-                              f"{first_trade[p]}")
-            if not _is_close_marker(c, settings.topic, p, marker, trade_date, timeout):
-                return None, (f"the close marker of partition {p} for {trade_date} is not at "
-                              f"offset {marker} in Kafka")
-            ranges[p] = (start, marker + 1)
+        return {p: c.get_watermark_offsets(TopicPartition(settings.topic, p),
+                                           timeout=timeout)[0] for p in parts}
     except KafkaException as e:
-        return None, f"Kafka failed while locating the day: {e}"
+        raise NotLocated(f"Kafka failed while locating the day: {e}") from None
     finally:
         c.close()
-    return ranges, ""
-
-
-def _is_close_marker(c: Any, topic: str, p: int, offset: int, trade_date: str,
-                     timeout: float) -> bool:
-    from confluent_kafka import TopicPartition
-
-    c.assign([TopicPartition(topic, p, offset)])
-    for _ in range(int(timeout * 2)):
-        msgs = c.consume(1, timeout=0.5)
-        for m in msgs:
-            if m.error():
-                continue
-            if m.offset() != offset:
-                return False
-            try:
-                value = json.loads(m.value())
-            except ValueError:
-                return False
-            return (dict(m.headers() or []).get("type") == b"close"
-                    and value.get("trade_date") == trade_date)
-    return False
 
 
 def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
@@ -159,9 +138,11 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
     ranges, why_not = _kafka_close_markers(settings, trade_date, timeout, states)
     if ranges is not None:
         n = sum(end - start for start, end in ranges.values())
-        reason = ("requested by the operator (--source kafka)" if requested == "kafka" else
+        how = why_not  # on success: how the day was found
+        reason = (f"requested by the operator (--source kafka); close markers {how}"
+                  if requested == "kafka" else
                   f"Kafka is reachable and holds the whole day: close markers confirmed on "
-                  f"all {len(ranges)} partitions, {n} offsets retained")
+                  f"all {len(ranges)} partitions ({how}), {n} offsets retained")
         return SourceChoice("kafka", reason, kafka_ranges=ranges, partitions=len(ranges),
                             states=states)
     if requested == "kafka":

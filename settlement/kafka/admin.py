@@ -63,12 +63,19 @@ def ensure_topic(settings: Settings, brokers: int | None = None, timeout: float 
                        f"{timeout:.0f}s")
 
 
-def topic_partitions(settings: Settings, timeout: float = 30) -> int:
-    md = admin_client(settings).list_topics(topic=settings.topic, timeout=timeout)
-    t = md.topics.get(settings.topic)
-    if t is None or t.error is not None or not t.partitions:
-        raise RuntimeError(
-            f"topic {settings.topic!r} not found on {settings.bootstrap()}: "
-            "run `settle services up` (it creates the topic)"
-        )
-    return len(t.partitions)
+def topic_partitions(settings: Settings, timeout: float = 30, settle: float = 10) -> int:
+    """The topic's partition count. A topic created a moment ago may not be in every
+    broker's metadata yet, so a missing topic is asked again for up to ``settle`` seconds."""
+    admin = admin_client(settings)
+    deadline = time.monotonic() + settle
+    while True:
+        md = admin.list_topics(topic=settings.topic, timeout=timeout)
+        t = md.topics.get(settings.topic)
+        if t is not None and t.error is None and t.partitions:
+            return len(t.partitions)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"topic {settings.topic!r} not found on {settings.bootstrap()}: "
+                "run `settle services up` (it creates the topic)"
+            )
+        time.sleep(0.2)

@@ -132,22 +132,29 @@ def run_outcome(settings: Settings, trade_date: str) -> dict[str, Any]:
     failures = [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
                 for f in run["validation"].get("failures", [])]
     return {k: run[k] for k in ("run_id", "trade_date", "source", "source_reason", "trades",
-                                "validation_success", "report_path")} | {"failures": failures}
+                                "validation_success", "report_path", "published",
+                                "accepted_incomplete")} | {"failures": failures}
 
 
 def publish_report(outcome: dict[str, Any]) -> str:
-    """Say where the audit report is; fail the run when validation failed (the report, already
-    written, says why)."""
+    """Say where the audit report is; fail the run when the day was not published because
+    validation failed (the report, already written, says why). A day an operator forced
+    through is published with a warning naming their reason."""
     from airflow.sdk.exceptions import AirflowFailException
 
     path = outcome["report_path"]
     print(f"audit report for {outcome['trade_date']} (run {outcome['run_id']}): {path}")
     print(f"source: {outcome['source']} -- {outcome['source_reason']}")
-    if not outcome["validation_success"]:
-        raise AirflowFailException(
-            f"validation failed for {outcome['trade_date']}: "
-            + "; ".join(outcome["failures"]) + f" -- see {path}")
-    return path
+    if outcome["validation_success"]:
+        return path
+    failures = "; ".join(outcome["failures"])
+    if outcome.get("published"):
+        print(f"WARNING: validation failed ({failures}) but the day was published by operator "
+              f"decision: {outcome.get('accepted_incomplete')}")
+        return path
+    raise AirflowFailException(
+        f"validation failed for {outcome['trade_date']}, not published (the previous "
+        f"published day is unchanged): {failures} -- see {path}")
 
 
 def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:

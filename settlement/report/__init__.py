@@ -13,7 +13,7 @@ from pathlib import Path
 
 from settlement.config import Settings
 from settlement.db import connect, q
-from settlement.eod.model import SettlementResult, SourceChoice
+from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.report.facts import gather_facts
 from settlement.report.html import render_html
 from settlement.validation.run import ValidationOutcome
@@ -26,8 +26,9 @@ class ReportFiles:
 
 
 def write_report(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
-                 result: SettlementResult, outcome: ValidationOutcome) -> ReportFiles:
-    facts = gather_facts(settings, run_id, trade_date, choice, result, outcome)
+                 result: SettlementResult, outcome: ValidationOutcome,
+                 publication: Publication) -> ReportFiles:
+    facts = gather_facts(settings, run_id, trade_date, choice, result, outcome, publication)
     out = settings.reports_dir / trade_date
     out.mkdir(parents=True, exist_ok=True)
     html_path = out / f"audit-{trade_date}-run{run_id}.html"

@@ -12,7 +12,7 @@ import psycopg
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import q
-from settlement.eod.model import SettlementResult, SourceChoice
+from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.validation.run import ValidationOutcome
 
 TOP_OBLIGATIONS = 10
@@ -87,7 +87,8 @@ def failover_events(beats: list[tuple[str, dt.datetime, list[int]]]) -> list[dic
 
 
 def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
-                 result: SettlementResult, outcome: ValidationOutcome) -> dict[str, Any]:
+                 result: SettlementResult, outcome: ValidationOutcome,
+                 publication: Publication) -> dict[str, Any]:
     per_partition: dict[int, dict[str, Any]] = defaultdict(dict)
     for p, last in result.close_markers.items():
         per_partition[p]["last_seq"] = last
@@ -126,6 +127,8 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Sourc
              "vwap": str(Decimal(i.vwap).quantize(Decimal("0.0001")))}
             for i in result.instruments],
         "validation": outcome.as_dict(),
+        "publication": {"published": publication.published, "note": publication.note,
+                        "accepted_incomplete": publication.accepted_incomplete},
         "ledgers": _ledger_facts(settings),
         "timings": result.timings,
     }

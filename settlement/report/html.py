@@ -101,6 +101,9 @@ def render_html(f: dict[str, Any]) -> str:
         f"<h1>{_e(f['title'])}</h1>",
         f'<p class="muted">run {f["run_id"]} &middot; generated {_e(f["generated_at"])}</p>',
         verdict,
+        f'<p data-publication="{"published" if f["publication"]["published"] else "held"}">'
+        f'<b>{"Published" if f["publication"]["published"] else "Not published"}</b>: '
+        f'{_e(f["publication"]["note"])}</p>',
         '<div class="kpis">' + "".join(
             f'<div class="kpi"><b data-kpi="{_e(k)}">{_e(val)}</b><span>{_e(k)}</span></div>'
             for k, val in kpis) + "</div>",

@@ -3,6 +3,19 @@
 The Spark twin of ``consumers.parse``: both apply the rules of ``settlement.contract``, and
 ``tests/test_parity.py`` feeds both the same adversarial corpus. Any rule changed here alone
 makes that test fail.
+
+Everything is a column expression (no Python UDF, no higher-order function), so the whole
+classification is one generated-code stage. Spark's JSON reader (``from_json``) reads the
+fields; what it does not check, the contract's JSON rules (one object and nothing after it,
+no repeated key, no lone surrogate, finite numbers, nesting and length limits, strings where
+strings belong), is settled in two ways:
+
+- fast: a value without backslashes or '[', whose only '}' is its last character and whose
+  quotes and ``"key":`` pairs are exactly those of the expected fields, cannot break any of
+  those rules (the counting argument is in ``_flat_object``); one regex and one count per row;
+- slow, for every other value: ``try_parse_json`` (strict, refuses repeated keys and lone
+  surrogates), the value reduced to its bracket structure for what follows the object and
+  the depth, and the variant's types for the fields.
 """
 
 from __future__ import annotations
@@ -22,41 +35,71 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from settlement.contract import (
+    CLOSE,
+    CLOSE_FIELDS,
+    CLOSE_LAST_SEQ,
+    CLOSE_PARTITION,
+    DATE_PATTERN,
+    EXECUTED_AT_PATTERN,
+    INT_FIELDS,
+    JSON_WHITESPACE,
+    MAX_DEPTH,
+    MAX_NUMBER_LENGTH,
+    MISSING_TYPE_MEANS,
+    NONZERO_PATTERN,
+    PRICE_PATTERN,
+    PRINTABLE_PATTERN,
+    STRING_FIELDS,
+    TEXT_FIELDS,
+    TRADE,
+    TRADE_FIELDS,
+    TYPE_HEADER,
+)
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
 
-# -- validation rules for a trade message --------------------------------------------------
-# The consumer sites apply the same rules before writing the ledger; keeping them identical
-# is what makes the Kafka and database sources settle to the same positions.
-TRADE_DATE_PATTERN = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
-# ISO-8601 with a 'T'; a missing zone means UTC (the session time zone is pinned to UTC).
-EXECUTED_AT_PATTERN = (
-    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,6})?"
-    r"(Z|[+-][0-9]{2}:[0-9]{2})?$"
-)
-# numeric(18,4): at most 14 integer digits and 4 decimals, no sign, no exponent, no commas.
-PRICE_PATTERN = r"^[0-9]{1,14}(\.[0-9]{1,4})?$"
-_DECIMAL_TEXT = r"^-?[0-9]+(\.[0-9]+)?$"
 
-_STRING_FIELDS = ("trade_id", "trade_date", "symbol", "price", "buyer", "seller", "executed_at")
-_INTEGER_FIELDS = ("seq", "quantity")
-_NON_EMPTY = ("trade_id", "symbol", "buyer", "seller")
+def _full(pattern: str) -> str:
+    """A contract pattern matched against the whole string. Java's ``$`` would also match
+    before a final newline; ``\\z`` is the very end."""
+    return rf"^(?:{pattern})\z"
 
-# Every text field is read as a string so that the checks below, not Spark's lenient
-# coercions, decide validity. seq/quantity are LongType: Spark's parser accepts only JSON
-# integer tokens there (a string "10", 2.5, 1e2 or an overflow yields NULL).
+
+_DATE = _full(DATE_PATTERN)
+_EXECUTED_AT = _full(EXECUTED_AT_PATTERN)
+_PRICE = _full(f"(?={NONZERO_PATTERN})(?:{PRICE_PATTERN})")
+_PRINTABLE = _full(PRINTABLE_PATTERN)
+_WS = f"[{JSON_WHITESPACE}]"
+
+# Every string field is read as a string so that the checks below, not Spark's lenient
+# coercions, decide validity. Integer fields are LongType: Spark's reader accepts only JSON
+# integer tokens there (a string "10", true, 2.5, 1e2 or an overflow yields NULL).
+_INT_NAMES = tuple(f.name for f in INT_FIELDS)
+assert set(STRING_FIELDS) | set(_INT_NAMES) == set(TRADE_FIELDS)
 _TRADE_JSON = StructType(
-    [StructField(f, StringType()) for f in _STRING_FIELDS]
-    + [StructField(f, LongType()) for f in _INTEGER_FIELDS]
+    [StructField(f, StringType()) for f in STRING_FIELDS]
+    + [StructField(f, LongType()) for f in _INT_NAMES]
 )
+_CLOSE_INTS = (CLOSE_PARTITION, CLOSE_LAST_SEQ)
+_CLOSE_STRINGS = tuple(f for f in CLOSE_FIELDS if f not in {i.name for i in _CLOSE_INTS})
 _CLOSE_JSON = StructType(
-    [
-        StructField("trade_date", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("last_seq", LongType()),
-    ]
+    [StructField(f, StringType()) for f in _CLOSE_STRINGS]
+    + [StructField(f.name, LongType()) for f in _CLOSE_INTS]
 )
-# Spark accepts {'a': 'b'} by default; JSON (and the Python consumer) does not.
-_JSON_OPTIONS = {"allowSingleQuotes": "false"}
+# String fields whose own pattern a non-string token could satisfy: Spark renders a number
+# or a boolean read into a string field as its text ("5", "true"). Dates and timestamps
+# cannot look like a number, so their pattern already proves they were strings.
+_MUST_BE_QUOTED = (*(f.name for f in TEXT_FIELDS), "price")
+# Strict JSON: Spark's reader accepts NaN and Infinity and single quotes by default.
+_JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}
+
+# JSON mechanics for the slow path (RFC 8259, not contract rules).
+_ESCAPE = r"(?s)\\."  # a backslash escape; once removed, every '"' delimits a string
+_STRING = r'"[^"]*"'
+_INNERMOST = r"\{[^{}\[\]]*\}|\[[^{}\[\]]*\]"  # an object or array holding no other
+_NUMBER = r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+# Only a number with an exponent or more than 308 digits can overflow a double.
+_MAY_OVERFLOW = r"[0-9][eE]|[0-9]{309}"
 
 
 class ParsedBatch(NamedTuple):
@@ -81,32 +124,31 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) ->
     message type, the typed trade and close-marker fields, and the raw bytes of a malformed
     message only (valid rows carry NULL there, which keeps a cached batch small).
 
-    A message is a close marker when its ``type`` header is ``close``, a trade when the header
-    is ``trade`` or absent; any other type is malformed. A trade is malformed (first failing
-    rule is the reason) when the value is empty, longer than ``max_value_bytes``, not UTF-8,
-    not a JSON object, lacks a field, has a text field that is not a JSON string or an integer
-    field that is not a JSON integer, has an invalid ``trade_date``/``executed_at``, a price
-    that is not a positive decimal string fitting numeric(18,4), ``quantity <= 0``,
-    ``seq <= 0``, an empty id/symbol/account, or ``buyer == seller``.
-
-    Known leniency: Spark's JSON reader stops after the first value, so trailing bytes after
-    the closing brace of a well-formed object (``{...}{...}``) are ignored; a value that does
-    not end with ``}`` is rejected. Duplicate keys keep the last value, as Python's json does.
+    A message is a close marker when its first ``type`` header is ``close``, a trade when it
+    is ``trade`` or there is none; any other value (null and empty included) is malformed.
+    A message is malformed (the first failing rule is the reason) when its value is empty,
+    longer than ``max_value_bytes``, not UTF-8, not JSON the contract accepts, or when a
+    field is missing, of the wrong JSON type, or breaks its contract rule (text length and
+    printable characters, date window and calendar, timestamp format, canonical positive
+    price, integer range, buyer differing from seller, the close marker's partition).
     """
     value = F.col("value")
     text = value.cast("string")
     kind = _message_type(raw)
-    trade = F.when(kind == "trade", F.from_json(text, _TRADE_JSON, _JSON_OPTIONS))
-    close = F.when(kind == "close", F.from_json(text, _CLOSE_JSON, _JSON_OPTIONS))
     staged = raw.select(
         F.col("partition").cast(IntegerType()).alias("kafka_partition"),
         F.col("offset").cast(LongType()).alias("kafka_offset"),
         value.alias("raw"),
         text.alias("_text"),
         kind.alias("_kind"),
-        trade.alias("_t"),
-        close.alias("_c"),
+        F.when(kind == TRADE, F.from_json(text, _TRADE_JSON, _JSON_OPTIONS)).alias("_t"),
+        F.when(kind == CLOSE, F.from_json(text, _CLOSE_JSON, _JSON_OPTIONS)).alias("_c"),
     )
+    staged = staged.withColumn("_fast", _fast_path())
+    # Parsed once, and only for values the fast path cannot vouch for.
+    slow = ~F.col("_fast") & F.col("_kind").isin(TRADE, CLOSE)
+    staged = staged.withColumn("_v", F.when(slow, F.try_parse_json(F.col("_text"))))
+    staged = staged.withColumn("_bad_json", F.when(slow, _json_violation()))
     classified = staged.withColumn("reason", _first_failure(_checks(max_value_bytes)))
     t, c = F.col("_t"), F.col("_c")
     return classified.select(
@@ -125,7 +167,7 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) ->
         t["seller"].alias("seller"),
         t["executed_at"].try_cast(TimestampType()).alias("executed_at"),
         c["trade_date"].try_cast(DateType()).alias("_close_date"),
-        c["last_seq"].alias("_last_seq"),
+        c[CLOSE_LAST_SEQ.name].alias("_last_seq"),
     )
 
 
@@ -133,9 +175,9 @@ def split_classified(classified: DataFrame) -> ParsedBatch:
     """The three views of ``classify_kafka_values``' output."""
     valid = F.col("reason").isNull()
     kind = F.col("_kind")
-    trades = classified.where(valid & (kind == "trade")).select(
+    trades = classified.where(valid & (kind == TRADE)).select(
         [f.name for f in TRADE_SCHEMA])
-    closes = classified.where(valid & (kind == "close")).select(
+    closes = classified.where(valid & (kind == CLOSE)).select(
         F.col("_close_date").alias("trade_date"),
         "kafka_partition",
         "kafka_offset",
@@ -146,23 +188,96 @@ def split_classified(classified: DataFrame) -> ParsedBatch:
 
 
 def _message_type(raw: DataFrame) -> Column:
-    """'trade', 'close', or the unknown header value; no header means a trade."""
+    """The first type header's value ('' when null); no header means MISSING_TYPE_MEANS."""
     if "headers" not in raw.columns:
-        return F.lit("trade")
+        return F.lit(MISSING_TYPE_MEANS)
     # Field extraction and array_position rather than a filter() lambda: higher-order
     # functions have no generated code and would drag the whole parse stage into the
     # interpreter.
     headers = F.col("headers")
-    at = F.array_position(headers["key"], "type").cast(IntegerType())
-    typ = F.when(at > 0, F.try_element_at(headers["value"], at))
-    return F.coalesce(typ.cast("string"), F.lit("trade"))
+    at = F.array_position(headers["key"], TYPE_HEADER).cast(IntegerType())
+    typ = F.try_element_at(headers["value"], at).cast("string")
+    return F.when(at > 0, F.coalesce(typ, F.lit(""))).otherwise(F.lit(MISSING_TYPE_MEANS))
+
+
+def _flat_object(quotes: int) -> str:
+    """A JSON object with no backslash, no '[', no '}' but its last character, and exactly
+    ``quotes`` quote characters.
+
+    Without backslashes every quote delimits a string. Say such a value parses with all n
+    expected fields non-NULL, k of which are strings and the others integers (Spark's reader
+    yields NULL for anything else there), and has at most n ``"key":`` pairs. Then it has
+    exactly the n expected keys (a repeated or an extra key would add a pair); every value
+    is a scalar (there is no '[', and no '}' before the last character); nothing follows the
+    closing brace; and with ``quotes == 2 * (n + k)`` exactly k values are strings, which
+    must be the k string fields: a number or a boolean read into a string field (which
+    Spark would render as its text, "5") is impossible.
+    """
+    other = r'[^"\\\[}]*+'
+    return rf"^{_WS}*\{{{other}(?:\"{other}){{{quotes}}}\}}{_WS}*\z"
+
+
+_TRADE_SHAPE = _flat_object(2 * (len(TRADE_FIELDS) + len(STRING_FIELDS)))
+_CLOSE_SHAPE = _flat_object(2 * (len(CLOSE_FIELDS) + len(_CLOSE_STRINGS)))
+_KEY = f'"{_WS}*:'  # the end of a key (or a string value starting with ':', never fewer)
+
+
+def _fast_path() -> Column:
+    """True when the value is certainly JSON the contract accepts with every field present
+    and of its JSON type; see ``_flat_object``. False says nothing."""
+    text, kind = F.col("_text"), F.col("_kind")
+    t, c = F.col("_t"), F.col("_c")
+    keys = F.regexp_count(text, F.lit(_KEY))
+    trade = (
+        text.rlike(_TRADE_SHAPE)
+        & reduce(lambda a, b: a & b, [t[f].isNotNull() for f in TRADE_FIELDS])
+        & (keys == len(TRADE_FIELDS))
+    )
+    close = (
+        text.rlike(_CLOSE_SHAPE)
+        & reduce(lambda a, b: a & b, [c[f].isNotNull() for f in CLOSE_FIELDS])
+        & (keys == len(CLOSE_FIELDS))
+    )
+    return F.coalesce(
+        F.when(kind == TRADE, trade).when(kind == CLOSE, close), F.lit(False))
+
+
+def _json_violation() -> Column:
+    """For values off the fast path: why the value is not JSON the contract accepts, or
+    NULL. ``try_parse_json`` is strict RFC 8259 and also refuses repeated keys and lone
+    surrogates, but stops reading after the first value, so what follows it, the depth and
+    the numbers are judged on the value's structure: escapes dropped, strings reduced to a
+    token, innermost objects and arrays reduced MAX_DEPTH times must leave one token."""
+    text = F.col("_text")
+    plain = F.regexp_replace(F.regexp_replace(text, _ESCAPE, ""), _STRING, "0")
+    nested = plain
+    for _ in range(MAX_DEPTH):
+        nested = F.regexp_replace(nested, _INNERMOST, "0")
+    numbers = F.regexp_extract_all(plain, F.lit(_NUMBER), 0).try_cast("array<double>")
+    overflow = plain.rlike(_MAY_OVERFLOW) & (
+        F.array_contains(numbers, float("inf")) | F.array_contains(numbers, float("-inf")))
+    return (
+        F.when(F.col("_v").isNull(), F.lit("invalid JSON"))
+        .when(F.btrim(nested, F.lit(JSON_WHITESPACE)) != "0", F.lit(
+            f"invalid JSON: content after the object, or nested deeper than {MAX_DEPTH}"))
+        .when(plain.rlike(f"[-+.eE0-9]{{{MAX_NUMBER_LENGTH + 1}}}"), F.lit(
+            f"invalid JSON: a number longer than {MAX_NUMBER_LENGTH} characters"))
+        .when(overflow, F.lit("invalid JSON: a number overflows a double"))
+    )
+
+
+def _not_a_string(field: str) -> Column:
+    """Off the fast path: the field's JSON value is not a string (the variant knows)."""
+    v = F.variant_get(F.col("_v"), f"$.{field}", "variant")
+    return ~F.col("_fast") & (F.schema_of_variant(v) != "STRING")
 
 
 def _checks(max_value_bytes: int | None) -> list[tuple[Column, Column | str]]:
     """(failure condition, reason) in the order they are reported."""
     raw, text, kind = F.col("raw"), F.col("_text"), F.col("_kind")
     t, c = F.col("_t"), F.col("_c")
-    is_trade, is_close = kind == "trade", kind == "close"
+    fast = F.col("_fast")
+    is_trade, is_close = kind == TRADE, kind == CLOSE
     checks: list[tuple[Column, Column | str]] = [
         (raw.isNull() | (F.length(raw) == 0), "empty value"),
     ]
@@ -175,76 +290,87 @@ def _checks(max_value_bytes: int | None) -> list[tuple[Column, Column | str]]:
         )
     # Trimming, not a regex: an anchored pattern over the whole value costs more than the
     # JSON parse itself.
-    stripped = F.btrim(text, F.lit(" \t\r\n"))
-    # Spark's reader returns a row of NULLs for text it cannot parse, which would read as
-    # "missing field"; a strict second parse settles it, run only for rows lacking a field.
-    some_null = (is_trade & _any_null(t, _TRADE_JSON)) | (is_close & _any_null(c, _CLOSE_JSON))
+    stripped = F.btrim(text, F.lit(JSON_WHITESPACE))
+    bad_json = F.col("_bad_json")
     checks += [
         (~F.is_valid_utf8(text), "invalid UTF-8"),
         (~(is_trade | is_close), F.concat(F.lit("unknown message type "), kind)),
-        (
-            ~(stripped.startswith("{") & stripped.endswith("}"))
-            | (is_trade & t.isNull())
-            | (is_close & c.isNull())
-            | (some_null & F.try_parse_json(text).isNull()),
-            "invalid JSON",
-        ),
+        (~(stripped.startswith("{") & stripped.endswith("}")), "invalid JSON: not an object"),
+        (~fast & bad_json.isNotNull(), bad_json),
     ]
     # Close markers: {"trade_date", "partition", "last_seq"} on the partition they close.
+    part, last_seq = c[CLOSE_PARTITION.name], c[CLOSE_LAST_SEQ.name]
+    checks += [(is_close & c[f].isNull(), f"close marker: {f} missing or of the wrong type")
+               for f in CLOSE_FIELDS]
     checks += [
-        (is_close & c["trade_date"].isNull(), "close marker: missing field trade_date"),
-        (is_close & c["partition"].isNull(), "close marker: partition missing or not an int"),
-        (is_close & c["last_seq"].isNull(), "close marker: last_seq missing or not an integer"),
         (is_close & _bad_date(c["trade_date"]), "close marker: invalid trade_date"),
-        (is_close & (c["last_seq"] < 0), "close marker: last_seq must be >= 0"),
         (
-            is_close & (c["partition"] != F.col("kafka_partition")),
+            is_close & ~part.between(CLOSE_PARTITION.minimum, CLOSE_PARTITION.maximum),
+            "close marker: partition out of range",
+        ),
+        (
+            is_close & (part != F.col("kafka_partition")),
             F.format_string(
                 "close marker for partition %d arrived on partition %d",
-                c["partition"],
+                part,
                 F.col("kafka_partition"),
             ),
         ),
+        (
+            is_close & ~last_seq.between(CLOSE_LAST_SEQ.minimum, CLOSE_LAST_SEQ.maximum),
+            f"close marker: last_seq must be in [{CLOSE_LAST_SEQ.minimum}, "
+            f"{CLOSE_LAST_SEQ.maximum}]",
+        ),
     ]
-    for f in _STRING_FIELDS:
-        checks.append((is_trade & t[f].isNull(), f"missing field {f}"))
-    for f in _INTEGER_FIELDS:
-        present = text.rlike(rf'"{f}"\s*:')
+    # Trades. A field that is JSON null reads as NULL too: "missing" covers both.
+    for f in TRADE_FIELDS:
+        present = text.rlike(f'"{f}"{_WS}*:')
         checks.append((is_trade & t[f].isNull() & ~present, f"missing field {f}"))
+    for f in _INT_NAMES:
         checks.append((is_trade & t[f].isNull(), f"field {f} is not an integer"))
-    # Spark renders a non-string token read into a string field as text (a number via a Java
-    # double), so insist the raw JSON has the value quoted.
-    for f in _STRING_FIELDS:
-        checks.append((is_trade & ~text.rlike(rf'"{f}"\s*:\s*"'), f"field {f} is not a string"))
-    for f in _NON_EMPTY:
-        checks.append((is_trade & (F.length(t[f]) == 0), f"empty {f}"))
+    for f in STRING_FIELDS:
+        checks.append((is_trade & t[f].isNull(), f"field {f} is not a string"))
+    for f in _MUST_BE_QUOTED:
+        checks.append((is_trade & _not_a_string(f), f"field {f} is not a string"))
+    for field in TEXT_FIELDS:
+        v = t[field.name]
+        checks.append(
+            (
+                is_trade & ~F.length(v).between(1, field.max_length),
+                f"{field.name} must have 1 to {field.max_length} characters",
+            )
+        )
+    texts = F.concat(*(t[field.name] for field in TEXT_FIELDS))
     price = t["price"]
     checks += [
+        (is_trade & ~texts.rlike(_PRINTABLE), "text fields must not contain control characters"),
+        (is_trade & (t["buyer"] == t["seller"]), "buyer equals seller"),
         (is_trade & _bad_date(t["trade_date"]), "invalid trade_date"),
         (
             is_trade
             & (
-                ~t["executed_at"].rlike(EXECUTED_AT_PATTERN)
+                ~t["executed_at"].rlike(_EXECUTED_AT)
                 | t["executed_at"].try_cast(TimestampType()).isNull()
             ),
             "invalid executed_at",
         ),
-        (is_trade & ~price.rlike(_DECIMAL_TEXT), "price is not a decimal string"),
-        (is_trade & (price.startswith("-") | ~price.rlike("[1-9]")), "price must be > 0"),
-        (is_trade & ~price.rlike(PRICE_PATTERN), "price does not fit numeric(18,4)"),
-        (is_trade & (t["quantity"] <= 0), "quantity must be > 0"),
-        (is_trade & (t["seq"] <= 0), "seq must be > 0"),
-        (is_trade & (t["buyer"] == t["seller"]), "buyer equals seller"),
+        (
+            is_trade & ~price.rlike(_PRICE),
+            "price must be a positive decimal string fitting numeric(18,4), no leading zeros",
+        ),
     ]
+    for f in INT_FIELDS:
+        checks.append(
+            (
+                is_trade & ~t[f.name].between(f.minimum, f.maximum),
+                f"{f.name} must be in [{f.minimum}, {f.maximum}]",
+            )
+        )
     return checks
 
 
-def _any_null(struct: Column, schema: StructType) -> Column:
-    return reduce(lambda a, b: a | b, [struct[f.name].isNull() for f in schema.fields])
-
-
 def _bad_date(col: Column) -> Column:
-    return ~col.rlike(TRADE_DATE_PATTERN) | col.try_cast(DateType()).isNull()
+    return ~col.rlike(_DATE) | col.try_cast(DateType()).isNull()
 
 
 def _first_failure(checks: list[tuple[Column, Column | str]]) -> Column:
@@ -256,5 +382,3 @@ def _first_failure(checks: list[tuple[Column, Column | str]]) -> Column:
         expr = F.when(cond, r) if expr is None else expr.when(cond, r)
     assert expr is not None
     return expr
-
-

@@ -32,9 +32,7 @@ where run_id = %(run_id)s
 -- name: record_validation
 update settlement_runs
 set validation_success = %(success)s, validation = %(validation)s,
-    report_path = coalesce(%(report_path)s, report_path),
-    status = case when %(success)s then status else 'failed' end,
-    error = case when %(success)s then error else 'validation failed' end
+    report_path = coalesce(%(report_path)s, report_path)
 where run_id = %(run_id)s
 
 -- A rerun replaces the date's rows: these deletes and the COPY of the new rows are one
@@ -56,8 +54,38 @@ from positions where trade_date = %(trade_date)s
 -- name: latest_run_any
 -- The newest run of the date whatever its outcome: what the DAG reports after spark-submit.
 select run_id, status, source, source_reason, trades, validation_success, validation,
-       report_path, error
+       report_path, error, published_at is not null, accepted_incomplete
 from settlement_runs
 where trade_date = %(trade_date)s
 order by run_id desc
 limit 1
+
+-- Publication: the run's staged rows replace the date's published rows (the deletes above
+-- run first, in the same transaction).
+-- name: publish_positions
+insert into positions
+select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,
+       net_cash, trade_count
+from run_positions where run_id = %(run_id)s
+
+-- name: publish_cash_obligations
+insert into cash_obligations
+select trade_date, account, buy_amount, sell_amount, net_cash, trade_count
+from run_cash_obligations where run_id = %(run_id)s
+
+-- name: publish_instrument_summary
+insert into instrument_summary
+select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price
+from run_instrument_summary where run_id = %(run_id)s
+
+-- name: mark_published
+insert into published_days (trade_date, run_id) values (%(trade_date)s, %(run_id)s)
+on conflict (trade_date) do update set run_id = excluded.run_id, published_at = now()
+
+-- name: record_publication
+update settlement_runs
+set published_at = now(), accepted_incomplete = %(accepted_incomplete)s
+where run_id = %(run_id)s
+
+-- name: published_run
+select run_id from published_days where trade_date = %(trade_date)s
