@@ -74,13 +74,25 @@ class _Log:
         return out
 
 
+def _trade(day: str, seq: int, tid: str = "") -> bytes:
+    return json.dumps({"trade_id": tid or f"{day}-{seq}", "trade_date": day, "seq": seq,
+                       "symbol": "XAU", "price": "10.5", "quantity": 3, "buyer": "A",
+                       "seller": "B", "executed_at": f"{day}T14:30:00Z"}).encode()
+
+
 def _day(log: dict[int, _Msg], at: int, day: str, trades: int, partition: int = 0,
-         bad_every: int = 0) -> int:
-    """Append a day (trades, junk, a commit marker gap, the close marker); next offset."""
+         bad_every: int = 0, late: str = "") -> int:
+    """Append a day (trades, junk, a commit marker gap, the close marker); next offset.
+    ``late``: a day whose trades keep arriving (valid, late) in the middle of this one."""
     for seq in range(1, trades + 1):
-        value = json.dumps({"trade_id": f"{day}-{seq}", "trade_date": day, "seq": seq})
-        log[at] = _Msg(at, value.encode(), TRADE_HEADERS)
+        log[at] = _Msg(at, _trade(day, seq), TRADE_HEADERS)
         at += 1
+        if late and seq % 41 == 0:
+            log[at] = _Msg(at, _trade(late, 10_000 + seq, f"late-{seq}"), TRADE_HEADERS)
+            at += 1
+        if bad_every and seq % (bad_every * 3) == 0:  # parses, but its date is no date
+            log[at] = _Msg(at, b'{"trade_date": "1999-01-01"}', TRADE_HEADERS)
+            at += 1
         if bad_every and seq % bad_every == 0:
             log[at] = _Msg(at, b"{not json", TRADE_HEADERS)  # malformed: no date
             at += 2  # and a transaction marker nobody sees
@@ -97,18 +109,21 @@ def test_finds_each_day_of_a_multi_day_log_by_search() -> None:
     records: dict[int, _Msg] = {}
     at = 0
     bounds = {}
-    for day, n in (("2026-11-23", 300), ("2026-11-24", 1000), ("2026-11-25", 50)):
+    previous = ""
+    for day, n in (("2026-11-23", 300), ("2026-11-24", 3000), ("2026-11-25", 50)):
         # A day starts right after the previous day's close marker (its commit marker
-        # included) and ends after its own: the marker is at (next offset - 2).
+        # included) and ends after its own: the marker is at (next offset - 2). Late trades
+        # of the previous day and malformed messages with other dates sit inside each day.
         start = max(at - 1, 0)
-        at = _day(records, at, day, n, bad_every=37)
+        at = _day(records, at, day, n, bad_every=37, late=previous)
+        previous = day
         bounds[day] = (start, at - 1)
     for day, (start, after_marker) in bounds.items():
         log = _partition(records, at)
         found = locate_in_partition(log, 0, day, recorded=None, previous=None)
         assert (found.start, found.end) == (start, after_marker)
         assert found.found_by == "search"
-        assert log.probes < 60, log.probes  # a search, not a scan
+        assert log.probes < 80, log.probes  # a search, not a scan
 
 
 def test_a_recorded_offset_is_confirmed_or_refused() -> None:

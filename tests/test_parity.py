@@ -26,18 +26,20 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as settings_
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from consumers.ledger import Batch, Ledger
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement import contract as C
 from settlement.spark.parse import classify_kafka_values
 from tests.spark_fixtures import spark  # noqa: F401
 
-# Large enough for the key-length limit (a 50,000-character key needs a value that long).
-MAX_BYTES = 64 * 1024
+# Large enough for the key-length limit (a key of 50,000 UTF-16 units takes up to 100 kB).
+MAX_BYTES = 128 * 1024
 RAW_SCHEMA = (
     "key binary, value binary, partition int, offset long, "
     "headers array<struct<key:string,value:binary>>"
@@ -100,13 +102,13 @@ def python_verdict(m: Msg, offset: int) -> Verdict:
         return "dead", str(e)
 
 
-def spark_verdicts(spark: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
+def spark_verdicts(session: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
     """The Spark classifier's verdicts, in one job."""
     rows = [
         (b"k", m.value, m.partition, offset, list(m.headers) if m.headers is not None else None)
         for offset, m in enumerate(msgs)
     ]
-    out = classify_kafka_values(spark.createDataFrame(rows, RAW_SCHEMA), MAX_BYTES).select(
+    out = classify_kafka_values(session.createDataFrame(rows, RAW_SCHEMA), MAX_BYTES).select(
         "kafka_offset", "reason", "_kind", "trade_id", "trade_date", "seq", "kafka_partition",
         "symbol", "price", "quantity", "buyer", "seller",
         F.unix_micros("executed_at").alias("executed_at"), "_close_date", "_last_seq",
@@ -134,9 +136,9 @@ def _show(m: Msg) -> str:
     return f"value={value!r} headers={m.headers!r} partition={m.partition}"
 
 
-def assert_parity(spark: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
+def assert_parity(session: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
     """Both parsers agree on every message; returns the (Python) verdicts."""
-    sparks = spark_verdicts(spark, msgs)
+    sparks = spark_verdicts(session, msgs)
     pythons = [python_verdict(m, offset) for offset, m in enumerate(msgs)]
     diffs = []
     for offset, (m, p, s) in enumerate(zip(msgs, pythons, sparks, strict=True)):
@@ -201,3 +203,655 @@ def trade_tok(**change: str) -> bytes:
 def close(**change: Any) -> bytes:
     obj = {k: v for k, v in {**CLOSE_GOOD, **change}.items() if v is not ...}
     return obj_text(tokens(obj)).encode()
+
+
+# -- (a) the hand-written corpus -------------------------------------------------------------
+
+T, X, D = "trade", "close", "dead"
+BIG = 1 << 70
+
+
+def nest(depth: int) -> str:
+    """A JSON value nested ``depth`` levels deep (1 = a flat array)."""
+    return "[" * depth + "]" * depth
+
+
+def with_extra(*pairs: tuple[str, str]) -> bytes:
+    return obj_text([*tokens(GOOD), *pairs]).encode()
+
+
+def padded(total: int) -> bytes:
+    """A valid trade of exactly ``total`` bytes (an extra field takes up the room)."""
+    base = with_extra(("pad", '""'))
+    return with_extra(("pad", jstr("x" * (total - len(base)))))
+
+
+CORPUS: list[tuple[Msg | bytes | None, str, str]] = [
+    # The message as the gateway writes it, and ways of writing the same JSON.
+    (trade(), T, "the gateway's compact format"),
+    (json.dumps(GOOD, indent=2).encode(), T, "whitespace and newlines between tokens"),
+    (obj_text(sorted(tokens(GOOD)), sep=" ", colon=" : ").encode(), T, "other key order, spaces"),
+    (b" \t\r\n" + trade() + b"\n\t ", T, "JSON whitespace around the object"),
+    (obj_text([(k, jstr(v, lambda ch: True) if isinstance(v, str) else json.dumps(v))
+               for k, v in GOOD.items()]).encode(), T, "every string character as \\u escape"),
+    (obj_text([(k, jstr(v, lambda ch: True, upper=True) if isinstance(v, str)
+                else json.dumps(v)) for k, v in GOOD.items()]).encode(), T, "upper-case escapes"),
+    (trade_tok(trade_id='"T\\/1"'), T, "an escaped solidus"),
+    (with_extra(("venue", '"XNAS"'), ("flags", "[1,2.5e-3,true,null]"), ("meta", '{"a":{}}')), T,
+     "extra fields of every JSON type"),
+    (with_extra(("x", nest(C.MAX_DEPTH - 1))), T, "nesting exactly MAX_DEPTH deep"),
+    (with_extra(("x", nest(C.MAX_DEPTH))), D, "nesting one level deeper than MAX_DEPTH"),
+    (with_extra(("x", '{"y":' * (C.MAX_DEPTH - 1) + "1" + "}" * (C.MAX_DEPTH - 1))), T,
+     "nested objects exactly MAX_DEPTH deep"),
+    (with_extra(("x", nest(900))), D, "nesting orjson and Jackson would still read"),
+    (with_extra(("x", nest(1100))), D, "nesting past both JSON libraries' own limits"),
+    # Headers.
+    (Msg(trade(), None), T, "no headers at all: a trade"),
+    (Msg(trade(), ()), T, "an empty header list: a trade"),
+    (Msg(trade(), (("source", b"x"), ("type", b"trade"))), T, "the type header after another"),
+    (Msg(trade(), (("Type", b"close"),)), T, "header keys are case-sensitive: no type header"),
+    (Msg(trade(), (("type", None),)), D, "a type header with a null value"),
+    (Msg(trade(), (("type", b""),)), D, "an empty type"),
+    (Msg(trade(), (("type", b"TRADE"),)), D, "type values are case-sensitive"),
+    (Msg(trade(), (("type", b"trade "),)), D, "a type with trailing space"),
+    (Msg(trade(), (("type", b"trade\xff"),)), D, "a type that is not UTF-8"),
+    (Msg(trade(), (("type", b"heartbeat"),)), D, "an unknown type"),
+    (Msg(trade(), (("type", b"trade"), ("type", b"close"))), T, "the first type header wins"),
+    (Msg(trade(), (("type", b"close"), ("type", b"trade"))), D, "...a trade read as a close"),
+    (Msg(close(), TYPE_TRADE), D, "a close marker's body typed as a trade"),
+    # Close markers.
+    (Msg(close(), TYPE_CLOSE), X, "a close marker"),
+    (Msg(close(last_seq=0), TYPE_CLOSE), X, "a partition that saw no trade"),
+    (Msg(close(partition=3), TYPE_CLOSE, 3), X, "on its own partition"),
+    (Msg(close(partition=3), TYPE_CLOSE, 4), D, "on another partition"),
+    (Msg(close(partition=C.MAX_PARTITION), TYPE_CLOSE, C.MAX_PARTITION), X, "the last partition"),
+    (Msg(close(partition=-1), TYPE_CLOSE), D, "a negative partition"),
+    (Msg(close(partition="0"), TYPE_CLOSE), D, "a partition as a string"),
+    (Msg(close(partition=0.0), TYPE_CLOSE), D, "a partition as a float"),
+    (Msg(close(partition=False), TYPE_CLOSE), D, "a partition as a boolean"),
+    (Msg(close(last_seq=-1), TYPE_CLOSE), D, "a negative last_seq"),
+    (Msg(close(last_seq=C.MAX_SEQ), TYPE_CLOSE), X, "last_seq at its maximum"),
+    (Msg(close(last_seq=C.MAX_SEQ + 1), TYPE_CLOSE), D, "last_seq past its maximum"),
+    (Msg(close(last_seq=BIG), TYPE_CLOSE), D, "last_seq past bigint"),
+    (Msg(close(last_seq=None), TYPE_CLOSE), D, "a null last_seq"),
+    (Msg(close(trade_date=...), TYPE_CLOSE), D, "a missing trade_date"),
+    (Msg(close(trade_date="2026-02-30"), TYPE_CLOSE), D, "a close of no calendar day"),
+    (Msg(close(trade_date=20261123), TYPE_CLOSE), D, "a date as a number"),
+    (Msg(close(note="x"), TYPE_CLOSE), X, "a close marker with an extra field"),
+    (Msg(close() + b"{}", TYPE_CLOSE), D, "a close marker with trailing bytes"),
+    (Msg(obj_text([*tokens(CLOSE_GOOD), ("last_seq", "5")]).encode(), TYPE_CLOSE), D,
+     "a close marker repeating a key"),
+    (Msg(trade(), TYPE_CLOSE), D, "a trade typed as a close marker"),
+    # Not a JSON object, or more than one.
+    (None, D, "a null value"),
+    (b"", D, "an empty value"),
+    (b"   ", D, "only whitespace"),
+    (b"null", D, "JSON null"),
+    (b"[" + trade() + b"]", D, "an array holding a trade"),
+    (b'"' + trade().replace(b'"', b'\\"') + b'"', D, "a string holding a trade"),
+    (trade()[:-1], D, "truncated"),
+    (trade() + trade(), D, "two objects back to back"),
+    (trade() + b" x}", D, "garbage after the object, ending in a brace"),
+    (trade() + b"}", D, "one closing brace too many"),
+    (trade() + b"]", D, "a stray bracket after the object"),
+    (trade() + b",", D, "a comma after the object"),
+    (trade() + b"\x0c", D, "form feed is not JSON whitespace"),
+    (trade() + b"\x00", D, "a NUL after the object"),
+    (trade() + b"\xc2\xa0", D, "a no-break space after the object"),
+    (b"\xef\xbb\xbf" + trade(), D, "a UTF-8 byte order mark"),
+    (trade().replace(b'"seq":1', b"'seq':1"), D, "single quotes"),
+    (trade().replace(b'"seq"', b"seq"), D, "an unquoted key"),
+    (trade().replace(b"}", b",}"), D, "a trailing comma"),
+    (trade().replace(b'"seq":1', b'"seq":1/*c*/'), D, "a comment"),
+    (trade().replace(b'"seq":1,', b'"seq":1'), D, "a missing comma"),
+    (with_extra(("x", "NaN")), D, "NaN"),
+    (with_extra(("x", "Infinity")), D, "Infinity"),
+    (with_extra(("x", "01")), D, "a leading zero"),
+    (with_extra(("x", "+1")), D, "a plus sign"),
+    (with_extra(("x", ".5")), D, "no integer digits"),
+    (with_extra(("x", "1.")), D, "no fraction digits"),
+    (with_extra(("x", "tru")), D, "a broken literal"),
+    (with_extra(("x", '"a\\qb"')), D, "an unknown escape"),
+    (with_extra(("x", '"\\u00e"')), D, "a short \\u escape"),
+    (trade().replace(b'"AAPL"', b'"AA\tPL"'), D, "a raw tab inside a string"),
+    (trade().replace(b'"AAPL"', b'"AA\x7fPL"'), D, "a raw DEL inside a text field"),
+    # Repeated keys, anywhere.
+    (obj_text([*tokens(GOOD), ("price", '"187.2500"')]).encode(), D, "a key repeated, same value"),
+    (obj_text([("price", "1"), *tokens(GOOD)]).encode(), D, "a number, then the string price"),
+    (obj_text([*tokens(GOOD), ("price", "1")]).encode(), D, "the string price, then a number"),
+    (obj_text([*tokens(GOOD), ("x", "1"), ("x", "2")]).encode(), D, "an extra key repeated"),
+    (with_extra(("x", '{"a":1,"a":2}')), D, "a key repeated in a nested object"),
+    (with_extra(("x", '[{"a":1},{"a":2}]')), T, "the same key in two objects is no repetition"),
+    # Surrogates and Unicode.
+    (trade_tok(trade_id='"T\\ud800"'), D, "a lone high surrogate"),
+    (trade_tok(trade_id='"T\\udc00"'), D, "a lone low surrogate"),
+    (trade_tok(trade_id='"T\\ude00\\ud83d"'), D, "a surrogate pair in the wrong order"),
+    (trade_tok(trade_id='"T\\ud83d\\u0041"'), D, "a high surrogate before a non-surrogate"),
+    (with_extra(("x", '"\\ud800"')), D, "a lone surrogate in an extra field"),
+    (trade_tok(trade_id='"T\\ud83d\\ude00"'), T, "an escaped surrogate pair"),
+    (trade(trade_id="T😀"), T, "a character outside the BMP"),
+    (trade(trade_id="😀" * 64), T, "64 characters are 64 code points, not UTF-16 units"),
+    (trade(trade_id="😀" * 65), D, "...and 65 are too many"),
+    (trade(buyer="A\\B"), T, "a backslash, which COPY must escape"),
+    (trade(buyer="\\N"), T, "what COPY would read as NULL unescaped"),
+    (trade(symbol="Ünïcødé"), T, "non-ASCII letters"),
+    (trade(symbol="A\u00a0B"), T, "a no-break space is printable here"),
+    (trade(symbol="A\u2028B"), T, "a line separator is not a control character"),
+    (trade(symbol="A\ufeffB"), T, "a zero-width no-break space"),
+    (trade(symbol="A\uffffB"), T, "a noncharacter"),
+    (trade(symbol="\U0010ffff"), T, "the last code point"),
+    (trade(symbol="A\u0000B"), D, "NUL, which PostgreSQL text cannot hold"),
+    (trade(symbol="A\tB"), D, "a tab, the COPY delimiter"),
+    (trade(symbol="A\nB"), D, "a newline, the COPY row end"),
+    (trade(symbol="A\rB"), D, "a carriage return"),
+    (trade(symbol="A\x1fB"), D, "the last C0 control"),
+    (trade(symbol="A\x7fB"), D, "DEL"),
+    (trade(symbol="A\x85B"), D, "a C1 control (NEL)"),
+    (trade(symbol="A\x9fB"), D, "the last C1 control"),
+    (trade(symbol="A\xa0"), T, "the first character after C1"),
+    (trade(symbol=" "), T, "a space is printable"),
+    # Broken UTF-8.
+    (trade().replace(b"AAPL", b"AA\xffPL"), D, "an invalid byte"),
+    (trade().replace(b"AAPL", b"AA\xc3PL"), D, "a truncated sequence"),
+    (trade().replace(b"AAPL", b"AA\xc0\x80PL"), D, "an overlong NUL"),
+    (trade().replace(b"AAPL", b"AA\xed\xa0\x80PL"), D, "an encoded surrogate"),
+    (trade().replace(b"AAPL", b"AA\xf4\x90\x80\x80PL"), D, "past U+10FFFF"),
+    (with_extra(("x", '"\xff"')).replace(b"\xc3\xbf", b"\xff"), D, "bad UTF-8 in an extra field"),
+    # Text fields: type, length.
+    (trade(trade_id=...), D, "missing trade_id"),
+    (trade(trade_id=""), D, "empty trade_id"),
+    (trade(trade_id=17), D, "trade_id as a number"),
+    (trade(trade_id=True), D, "trade_id as a boolean"),
+    (trade(trade_id=None), D, "trade_id null"),
+    (trade(trade_id=["T1"]), D, "trade_id as an array"),
+    (trade(trade_id={"id": "T1"}), D, "trade_id as an object"),
+    (trade(symbol="S" * C.SYMBOL.max_length), T, "symbol at its maximum length"),
+    (trade(symbol="S" * (C.SYMBOL.max_length + 1)), D, "symbol one character too long"),
+    (trade(trade_id="I" * C.TRADE_ID.max_length), T, "trade_id at its maximum length"),
+    (trade(trade_id="I" * (C.TRADE_ID.max_length + 1)), D, "trade_id one too long"),
+    (trade(buyer="B" * (C.BUYER.max_length + 1)), D, "buyer one too long"),
+    (trade(seller="S" * (C.SELLER.max_length + 1)), D, "seller one too long"),
+    (trade(seller=12), D, "seller as a number"),
+    (trade(seller="ACC0001"), D, "buyer equals seller"),
+    (trade(seller="acc0001"), T, "accounts are case-sensitive"),
+    (trade_tok(seller='"ACC\\u0030001"'), D, "buyer equals seller once unescaped"),
+    # trade_date.
+    (trade(trade_date="2000-01-01"), T, "the first day of the window"),
+    (trade(trade_date="2099-12-31"), T, "the last day of the window"),
+    (trade(trade_date="1999-12-31"), D, "before the window"),
+    (trade(trade_date="2100-01-01"), D, "after the window"),
+    (trade(trade_date="2024-02-29"), T, "a leap day"),
+    (trade(trade_date="2026-02-29"), D, "no leap day that year"),
+    (trade(trade_date="2026-04-31"), D, "April has 30 days"),
+    (trade(trade_date="2026-13-01"), D, "month 13"),
+    (trade(trade_date="2026-00-10"), D, "month 0"),
+    (trade(trade_date="2026-11-00"), D, "day 0"),
+    (trade(trade_date="2026-1-5"), D, "no zero padding"),
+    (trade(trade_date="20261123"), D, "ISO basic format"),
+    (trade(trade_date="2026-W48-1"), D, "an ISO week date"),
+    (trade(trade_date="2026-11-23T00:00:00"), D, "a timestamp"),
+    (trade(trade_date="2026-11-23\n"), D, "a trailing newline ($ in Java would allow it)"),
+    (trade(trade_date=" 2026-11-23"), D, "a leading space (Spark's cast would trim it)"),
+    (trade(trade_date="２０２６-11-23"), D, "full-width digits (\\d in Python would allow them)"),
+    (trade(trade_date=20261123), D, "a number"),
+    # executed_at.
+    (trade(executed_at="2026-11-23T14:30:00Z"), T, "no fraction"),
+    (trade(executed_at="2026-11-23T14:30:00.5Z"), T, "one fraction digit"),
+    (trade(executed_at="2026-11-23T14:30:00+05:30"), T, "an offset, converted to UTC"),
+    (trade(executed_at="2026-11-23T14:30:00-00:00"), T, "minus zero"),
+    (trade(executed_at="2026-11-23T14:30:00+14:59"), T, "the largest offset"),
+    (trade(executed_at="2000-01-01T00:00:00+14:00"), T, "an instant before the date window"),
+    (trade(executed_at="2099-12-31T23:59:59.999999-14:59"), T, "and after it"),
+    (trade(executed_at="2026-11-23T14:30:00+15:00"), D, "an offset PostgreSQL refuses"),
+    (trade(executed_at="2026-11-23T14:30:00"), D, "no zone (Spark would read it as UTC)"),
+    (trade(executed_at="2026-11-23T14:30:00z"), D, "a lower-case z"),
+    (trade(executed_at="2026-11-23 14:30:00Z"), D, "a space for the T"),
+    (trade(executed_at="2026-11-23T14:30Z"), D, "no seconds"),
+    (trade(executed_at="2026-11-23T14:30:00.1234567Z"), D, "seven fraction digits"),
+    (trade(executed_at="2026-11-23T14:30:00,5Z"), D, "a decimal comma"),
+    (trade(executed_at="2026-11-23T23:59:60Z"), D, "a leap second"),
+    (trade(executed_at="2026-11-23T24:00:00Z"), D, "hour 24"),
+    (trade(executed_at="2026-11-23T14:30:00+0530"), D, "an offset without a colon"),
+    (trade(executed_at="2026-11-23T14:30:00+05"), D, "an offset without minutes"),
+    (trade(executed_at="2026-02-30T14:30:00Z"), D, "no calendar day"),
+    (trade(executed_at="1999-12-31T14:30:00Z"), D, "a year before the window"),
+    (trade(executed_at="2026-11-23T14:30:00Z\n"), D, "a trailing newline"),
+    (trade(executed_at=1795428000), D, "epoch seconds"),
+    # price.
+    (trade(price="0.0001"), T, "the smallest price"),
+    (trade(price="99999999999999.9999"), T, "the largest price"),
+    (trade(price="1"), T, "no decimals"),
+    (trade(price="0.5"), T, "a zero integer part"),
+    (trade(price="10.10"), T, "trailing zeros are fine"),
+    (trade(price="007.5"), D, "leading zeros"),
+    (trade(price="00.5"), D, "two zeros before the point"),
+    (trade(price="123456789012345"), D, "15 integer digits"),
+    (trade(price="1.23456"), D, "five decimals"),
+    (trade(price="0"), D, "zero"),
+    (trade(price="0.0000"), D, "zero with decimals"),
+    (trade(price="-1.5"), D, "negative"),
+    (trade(price="+1.5"), D, "a plus sign"),
+    (trade(price=" 1.5"), D, "a leading space"),
+    (trade(price="1.5\n"), D, "a trailing newline"),
+    (trade(price="1."), D, "a point without decimals"),
+    (trade(price=".5"), D, "no integer part"),
+    (trade(price="1e3"), D, "an exponent"),
+    (trade(price="1,234.5"), D, "a thousands separator"),
+    (trade(price="NaN"), D, "NaN"),
+    (trade(price="１"), D, "a full-width digit"),
+    (trade(price=187.25), D, "a JSON number: it went through binary floating point"),
+    (trade(price=187), D, "a JSON integer"),
+    (trade(price=None), D, "null"),
+    # Integers.
+    (trade(seq=C.MAX_SEQ), T, "seq at its maximum"),
+    (trade(seq=C.MAX_SEQ + 1), D, "seq past its maximum"),
+    (trade(quantity=C.MAX_QUANTITY), T, "quantity at its maximum"),
+    (trade(quantity=C.MAX_QUANTITY + 1), D, "quantity past its maximum"),
+    (trade(seq=0), D, "seq zero"),
+    (trade(quantity=-5), D, "a negative quantity"),
+    (trade_tok(seq="-0"), D, "minus zero"),
+    (trade(seq=True), D, "true is not 1"),
+    (trade_tok(seq="1.0"), D, "a float with an integral value"),
+    (trade_tok(quantity="10.0"), D, "a float quantity"),
+    (trade_tok(seq="1e2"), D, "an exponent"),
+    (trade(seq="1"), D, "a string"),
+    (trade(seq=2**63 - 1), D, "bigint's maximum, past the contract's"),
+    (trade(seq=2**63), D, "past bigint"),
+    (trade(seq=2**64), D, "past unsigned 64 bits (orjson reads it as a float)"),
+    (trade_tok(seq="1" + "0" * 400), D, "400 digits"),
+    # Numbers anywhere must be finite and not too long.
+    (with_extra(("x", "1e308")), T, "a large finite double"),
+    (with_extra(("x", "1.7976931348623157e308")), T, "the largest double"),
+    (with_extra(("x", "1.7976931348623158e308")), T, "rounds down to the largest double"),
+    (with_extra(("x", "1.7976931348623159e308")), D, "rounds up to infinity"),
+    (with_extra(("x", "1e400")), D, "infinite as a double"),
+    (with_extra(("x", "-1e400")), D, "minus infinity"),
+    (with_extra(("x", "1e-400")), T, "underflows to zero, which is finite"),
+    (with_extra(("x", "9" * 309)), D, "309 digits of nines overflow"),
+    (with_extra(("x", str(2**1023))), T, "a 308-digit integer"),
+    (with_extra(("x", "0." + "0" * (C.MAX_NUMBER_LENGTH - 3) + "1")), T,
+     "a number of MAX_NUMBER_LENGTH characters"),
+    (with_extra(("x", "0." + "0" * (C.MAX_NUMBER_LENGTH - 2) + "1")), D, "one character more"),
+    (with_extra(("x", "-0." + "0" * (C.MAX_NUMBER_LENGTH - 3) + "1")), D,
+     "the sign counts as a character"),
+    (with_extra(("x", "0." + "0" * 1500 + "1")), D, "a number Jackson itself refuses"),
+    # Long keys (Jackson's limit, in UTF-16 units).
+    (with_extra(("k" * C.MAX_KEY_LENGTH, "1")), T, "a key at the limit"),
+    (with_extra(("k" * (C.MAX_KEY_LENGTH + 1), "1")), D, "a key one character longer"),
+    (with_extra(("😀" * (C.MAX_KEY_LENGTH // 2), "1")), T, "UTF-16 units: pairs at the limit"),
+    (with_extra(("😀" * (C.MAX_KEY_LENGTH // 2 + 1), "1")), D, "pairs just past it"),
+    # Size.
+    (padded(MAX_BYTES), T, "exactly the size limit"),
+    (padded(MAX_BYTES + 1), D, "one byte over it"),
+]
+
+
+def corpus_messages() -> list[tuple[Msg, str, str]]:
+    return [(m if isinstance(m, Msg) else Msg(m), want, note) for m, want, note in CORPUS]
+
+
+def test_corpus_verdicts_agree(spark: SparkSession) -> None:  # noqa: F811
+    cases = corpus_messages()
+    verdicts = assert_parity(spark, [m for m, _, _ in cases])
+    wrong = [f"{note}: expected {want}, got {v!r} for {_show(m)}"
+             for (m, want, note), v in zip(cases, verdicts, strict=True) if v[0] != want]
+    assert not wrong, "\n".join(wrong)
+
+
+# -- (b) property-based adversarial batches --------------------------------------------------
+# Hypothesis draws pools of field values (valid ones and adversarial ones, per field); a
+# builder seeded by hypothesis assembles a batch of thousands of messages from them, each a
+# valid trade or close marker, mutated or not. Drawing every message through hypothesis would
+# exceed its per-example data budget long before a batch is big enough to be worth a Spark
+# job.
+
+PRINTABLE = st.characters(exclude_categories=("Cs", "Cc"))  # what text fields may hold
+NASTY = [
+    "\t", "\n", "\r", "\x00", "\x01", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9f", "\xa0",
+    "\\", '"', "/", "'", "{", "}", "[", "]", ":", ",", " ", "\u2028", "\u2029", "\u200b",
+    "\ufeff", "\ufffd", "\uffff", "\U0001f600", "\U0010ffff", "é", "İ", "ß", "０", "٣",
+]  # fmt: skip
+ANY_CHAR = st.one_of(st.characters(exclude_categories=("Cs",)), st.sampled_from(NASTY))
+VALID_DATES = st.dates(C.MIN_DATE, C.MAX_DATE).map(dt.date.isoformat)
+ZONES = ["Z", "+00:00", "-00:00", "+05:30", "-03:00", "+14:59", "-14:59", "+01:00"]
+
+
+def _ts(d: str, h: int, m: int, s: int, frac: str, zone: str, sep: str = "T") -> str:
+    return f"{d}{sep}{h:02d}:{m:02d}:{s:02d}{'.' + frac if frac else ''}{zone}"
+
+
+VALID_TIMESTAMPS = st.builds(
+    _ts, VALID_DATES, st.integers(0, 23), st.integers(0, 59), st.integers(0, 59),
+    st.text("0123456789", max_size=6), st.sampled_from(ZONES),
+)  # fmt: skip
+VALID_PRICES = st.builds(
+    lambda i, frac: f"{i}.{frac}" if frac else str(i),
+    st.one_of(st.integers(0, 10**14 - 1), st.integers(0, 1000)),
+    st.text("0123456789", max_size=C.PRICE_SCALE),
+).filter(lambda p: p.strip("0.") != "")
+
+VALID = {
+    "text": st.text(PRINTABLE, min_size=1, max_size=C.SYMBOL.max_length),
+    "date": VALID_DATES,
+    "timestamp": VALID_TIMESTAMPS,
+    "price": VALID_PRICES,
+    "seq": st.one_of(st.integers(C.SEQ.minimum, C.SEQ.maximum), st.integers(1, 999)),
+    "quantity": st.integers(C.QUANTITY.minimum, C.QUANTITY.maximum),
+    "partition": st.integers(0, 5),
+}
+# Values of any JSON type, rendered as tokens (for extra fields and wrong types).
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+              st.text(ANY_CHAR, max_size=8)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                max_size=3),
+    max_leaves=6,
+).map(lambda v: json.dumps(v, ensure_ascii=False))
+ODD_TOKENS = st.sampled_from([
+    "true", "false", "null", "0", "-0", "1", "1.0", "10.0", "1e2", "1E+2", "-1", "0.5", "{}",
+    "[]", '""', '"1"', '" "', "1e400", "-1e400", "1e-400", str(2**63), str(2**64), str(2**63 - 1),
+    "9" * 309, "0." + "0" * 999, "-" + "1" * 999, '"\\ud800"', '"\\udfff\\ud800"', '"\\u0000"',
+    "NaN", "Infinity", "01", "+1", ".5", "1.", "tru", "'x'", "[1,]", '"a\\x"', nest(C.MAX_DEPTH),
+    nest(C.MAX_DEPTH - 1), '{"a":1,"a":1}',
+])  # fmt: skip
+ADVERSARIAL = {
+    "text": st.one_of(
+        st.text(ANY_CHAR, max_size=70),
+        st.integers(0, 70).map(lambda n: "x" * n),
+        st.tuples(st.text(PRINTABLE, max_size=5), st.sampled_from(NASTY)).map("".join),
+    ),
+    "date": st.one_of(
+        st.dates().map(dt.date.isoformat),
+        st.builds("{:04d}-{:02d}-{:02d}".format, st.integers(0, 10000), st.integers(0, 13),
+                  st.integers(0, 32)),
+        st.tuples(VALID_DATES, st.sampled_from(NASTY + ["T00:00:00", "Z"])).map("".join),
+        st.sampled_from(["20261123", "2026-W48-1", " 2026-11-23", "２０２６-11-23", "2026/11/23",
+                         "2026-1-5", "", "+2026-11-23"]),
+    ),
+    "timestamp": st.one_of(
+        st.builds(_ts, st.one_of(VALID_DATES, st.dates().map(dt.date.isoformat)),
+                  st.integers(0, 25), st.integers(0, 61), st.integers(0, 61),
+                  st.text("0123456789", max_size=8),
+                  st.one_of(st.sampled_from(["", "z", "+0530", "+05", "+15:00", "-16:00",
+                                             "+24:00", " Z", "UTC", "Z\n", "+14:60"]),
+                            st.builds("{}{:02d}:{:02d}".format, st.sampled_from("+-"),
+                                      st.integers(0, 19), st.integers(0, 60))),
+                  st.sampled_from(["T", "T", " ", "t"])),
+        st.tuples(VALID_TIMESTAMPS, st.sampled_from(NASTY)).map("".join),
+    ),
+    "price": st.one_of(
+        st.from_regex(r"[-+ ]?[0-9]{0,16}(\.[0-9]{0,6})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+        st.decimals(allow_nan=True, allow_infinity=True).map(str),
+        st.tuples(st.sampled_from(["0", "00", " ", "+", "-"]), VALID_PRICES).map("".join),
+        st.tuples(VALID_PRICES, st.sampled_from(NASTY + ["0", "00", "e1"])).map("".join),
+    ),
+    "int": st.one_of(
+        st.integers().map(str),
+        st.sampled_from([0, -1, C.MAX_SEQ, C.MAX_SEQ + 1, C.MAX_QUANTITY, C.MAX_QUANTITY + 1,
+                         C.MAX_PARTITION, C.MAX_PARTITION + 1, 2**63 - 1, 2**63, -(2**63) - 1,
+                         2**64, 2**64 + 1]).map(str),
+        st.floats().map(lambda f: json.dumps(f) if f == f and abs(f) != float("inf") else "1.5"),
+        ODD_TOKENS,
+    ),
+    "json": st.one_of(JSON_VALUES, ODD_TOKENS),
+}
+HEADER_VARIANTS: list[Headers] = [
+    None, (), ((C.TYPE_HEADER, None),), ((C.TYPE_HEADER, b""),), ((C.TYPE_HEADER, b"TRADE"),),
+    ((C.TYPE_HEADER, b"heartbeat"),), ((C.TYPE_HEADER, b"trade\xff"),), (("Type", b"close"),),
+    (("x", b"y"), (C.TYPE_HEADER, b"trade")), (("x", b"y"), (C.TYPE_HEADER, b"close")),
+    ((C.TYPE_HEADER, b"trade"), (C.TYPE_HEADER, b"close")),
+    ((C.TYPE_HEADER, b"close"), (C.TYPE_HEADER, b"trade")),
+    TYPE_TRADE, TYPE_CLOSE,
+]  # fmt: skip
+TRAILERS = [
+    "", " ", "\n", "\t\r\n ", "{}", '{"a":1}', " x}", "}", "]", ",", "\x0c", "\x00", "\xa0", '"',
+    "1", "null", "//", "\ufeff", "}}", "]}", " {",
+]  # fmt: skip
+LEADERS = ["", " ", "\n\t", "\ufeff", "[", "x", "\x0c"]
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> dict[str, list[str] | list[int]]:
+    """Per batch: some values of every kind, valid and adversarial."""
+    out: dict[str, Any] = {}
+    for name, strategy in VALID.items():
+        out[f"valid_{name}"] = draw(st.lists(strategy, min_size=4, max_size=25))
+    for name, strategy in ADVERSARIAL.items():
+        out[name] = draw(st.lists(strategy, min_size=4, max_size=25))
+    return out
+
+
+class Builder:
+    """Messages from a pool of values, chosen by a seeded generator."""
+
+    def __init__(self, pool: dict[str, Any], seed: int):
+        self.p, self.r = pool, random.Random(seed)
+
+    def pick(self, name: str) -> Any:
+        return self.r.choice(self.p[name])
+
+    def text(self, s: str) -> str:
+        """A JSON string for s, escaping a random share of its characters."""
+        share = self.r.choice([0.0, 0.0, 0.0, 0.2, 1.0])
+        upper = self.r.random() < 0.3
+        return jstr(s, lambda ch: self.r.random() < share, upper)
+
+    def valid_trade(self) -> list[tuple[str, str]]:
+        p = self.pick
+        buyer = p("valid_text")
+        seller = p("valid_text")
+        return [
+            ("trade_id", self.text(p("valid_text"))),
+            ("trade_date", self.text(p("valid_date"))),
+            ("seq", str(p("valid_seq"))),
+            ("symbol", self.text(p("valid_text"))),
+            ("price", self.text(p("valid_price"))),
+            ("quantity", str(p("valid_quantity"))),
+            ("buyer", self.text(buyer)),
+            ("seller", self.text(seller if seller != buyer else seller + "2")),
+            ("executed_at", self.text(p("valid_timestamp"))),
+        ]
+
+    def valid_close(self, partition: int) -> list[tuple[str, str]]:
+        return [("trade_date", self.text(self.pick("valid_date"))),
+                ("partition", str(partition)), ("last_seq", str(self.pick("valid_seq")))]
+
+    def adversarial_value(self, key: str) -> str:
+        """A wrong token for this field: another kind of value, or the right kind broken."""
+        r = self.r
+        own = {"trade_id": "text", "symbol": "text", "buyer": "text", "seller": "text",
+               "trade_date": "date", "executed_at": "timestamp", "price": "price"}.get(key)
+        if own and r.random() < 0.6:
+            return self.text(self.pick(own))
+        if own is None and r.random() < 0.6:
+            return self.pick("int")
+        kind = r.choice(["text", "date", "timestamp", "price"])
+        return r.choice([self.text(self.pick(kind)), self.pick("int"), self.pick("json")])
+
+    def mutate(self, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str, str]:
+        """Apply one to three changes; returns the pairs and a leader and trailer."""
+        r = self.r
+        lead, trail = "", ""
+        for _ in range(r.choice([1, 1, 1, 2, 3])):
+            op = r.randrange(12)
+            i = r.randrange(len(pairs))
+            key = pairs[i][0]
+            if op <= 3:  # a wrong value
+                pairs[i] = (key, self.adversarial_value(key))
+            elif op == 4:  # a missing field
+                del pairs[i]
+                if not pairs:
+                    pairs = [("x", "1")]
+            elif op == 5:  # a repeated key, before or after, same or other value
+                value = r.choice([pairs[i][1], self.adversarial_value(key)])
+                pairs.insert(r.randrange(len(pairs) + 1), (key, value))
+            elif op == 6:  # extra fields
+                for _ in range(r.randint(1, 3)):
+                    name = r.choice([self.pick("text"), key.upper(), "x", ""])
+                    pairs.insert(r.randrange(len(pairs) + 1), (name, self.pick("json")))
+            elif op == 7:  # nesting around the limit
+                arrays = r.randint(C.MAX_DEPTH - 4, C.MAX_DEPTH)
+                opener, closer = r.choice([("[", "]"), ('{"k":', "}")])
+                inner = r.choice(["1", '"x"', "{}", "[]"])
+                pairs.append(("n", opener + "[" * arrays + inner + "]" * arrays + closer))
+            elif op == 8:  # a number around the length limit
+                n = r.randint(C.MAX_NUMBER_LENGTH - 3, C.MAX_NUMBER_LENGTH + 1)
+                pairs.append(("num", r.choice(["0.", "-0.", "1"]) + "0" * n))
+            elif op == 9:  # a lone or broken surrogate inside a string
+                bad = r.choice(["\\ud800", "\\uDBFF", "\\udc00", "\\ud83d\\u0041", "\\ude00\\ud83d",
+                                "\\ud83d\\ude00"])
+                v = pairs[i][1]
+                if v.startswith('"'):
+                    cut = r.randint(1, len(v) - 1)
+                    pairs[i] = (key, v[:cut] + bad + v[cut:])
+            elif op == 10:
+                lead = r.choice(LEADERS)
+            else:
+                trail = r.choice(TRAILERS)
+        return pairs, lead, trail
+
+    def render(self, pairs: list[tuple[str, str]], lead: str = "", trail: str = "") -> bytes:
+        r = self.r
+        if r.random() < 0.3:
+            r.shuffle(pairs)
+        sep, colon = r.choice([("", ":"), ("", ":"), (" ", ": "), ("\n  ", ": "), ("\t", " :")])
+        body = ("," + sep).join(f"{self.text(k)}{colon}{v}" for k, v in pairs)
+        return (lead + "{" + sep + body + sep + "}" + trail).encode("utf-8", "surrogatepass")
+
+    def corrupt(self, value: bytes) -> bytes:
+        """Byte-level damage: invalid UTF-8, a byte lost, flipped, or the value cut short."""
+        r = self.r
+        i = r.randrange(len(value) + 1)
+        op = r.randrange(4)
+        if op == 0:
+            bad = r.choice([b"\xff", b"\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                            b"\x80", b"\xe2\x82", b"\xf0\x9f\x98"])
+            return value[:i] + bad + value[i:]
+        if op == 1:
+            return value[:i] + value[i + 1:]
+        if op == 2 and i < len(value):
+            return value[:i] + bytes([value[i] ^ (1 << r.randrange(8))]) + value[i + 1:]
+        return value[:i]
+
+    def message(self) -> Msg:
+        r = self.r
+        roll = r.random()
+        partition = self.pick("valid_partition")
+        if roll < 0.75:
+            is_close = r.random() < 0.15
+            pairs = self.valid_close(partition) if is_close else self.valid_trade()
+            headers = TYPE_CLOSE if is_close else r.choice([TYPE_TRADE] * 4 + [None, ()])
+            lead = trail = ""
+            if r.random() < 0.55:
+                pairs, lead, trail = self.mutate(pairs)
+            value = self.render(pairs, lead, trail)
+            if r.random() < 0.05:
+                value = self.corrupt(value)
+            if r.random() < 0.06:
+                headers = r.choice(HEADER_VARIANTS)
+            if is_close and r.random() < 0.1:
+                partition = r.choice([partition + 1, 0, C.MAX_PARTITION])
+            return Msg(value, headers, partition)
+        if roll < 0.8:  # a value at the size limit, either side of it
+            pad = "x" * (MAX_BYTES - r.randint(200, 330))
+            return Msg(self.render([*self.valid_trade(), ("pad", jstr(pad))]), TYPE_TRADE)
+        if roll < 0.9:  # any JSON value at all
+            return Msg(self.pick("json").encode("utf-8", "surrogatepass"), TYPE_TRADE)
+        junk = bytes(r.randrange(256) for _ in range(r.randrange(12)))
+        return Msg(r.choice([junk, b"", None]), r.choice(HEADER_VARIANTS))
+
+
+BATCH = 2_000
+EXAMPLES = 5
+
+
+def test_adversarial_batches_agree(spark: SparkSession) -> None:  # noqa: F811
+    seen: list[int] = []
+    outcomes: dict[str, int] = {}
+
+    @settings_(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        # A counterexample is a list of disagreeing messages, printed by assert_parity;
+        # shrinking a batch of thousands would cost a Spark job per attempt.
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                               HealthCheck.large_base_example],
+    )
+    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    def check(pool: dict[str, Any], seed: int) -> None:
+        builder = Builder(pool, seed)
+        msgs = [builder.message() for _ in range(BATCH)]
+        for verdict in assert_parity(spark, msgs):
+            outcomes[verdict[0]] = outcomes.get(verdict[0], 0) + 1
+        seen.append(len(msgs))
+
+    check()
+    assert sum(seen) >= 10_000
+    # The batches exercise every outcome, valid trades in quantity.
+    assert outcomes.get(T, 0) > sum(seen) // 5 and outcomes.get(X, 0) > 0, outcomes
+    assert outcomes.get(D, 0) > sum(seen) // 5, outcomes
+
+
+# -- (c) what the contract accepts, the ledger stores ----------------------------------------
+
+
+def store_and_read_back(dsn: str, topic: str, msgs: Sequence[Msg],
+                        verdicts: Sequence[Verdict]) -> None:
+    """Write the accepted messages through the sites' own path (consumers.ledger: COPY into
+    the staging table, insert into ``trades``, close markers, offsets, one transaction) and
+    check that the ledger holds exactly the values both parsers read."""
+    lines, closes, trades, markers = [], [], {}, {}
+    for offset, (m, (kind, values)) in enumerate(zip(msgs, verdicts, strict=True)):
+        if kind == T:
+            lines.append(trade_copy_line(decode(m.value, MAX_BYTES), m.partition, offset, "a"))
+            trades.setdefault(values[0], values)  # a repeated trade_id: the first one stays
+        elif kind == X:
+            day, part, last_seq = values
+            closes.append({"trade_date": day, "partition": part, "last_seq": last_seq,
+                           "offset": offset})
+            markers.setdefault((day, part), last_seq)
+    next_offsets: dict[int, int] = {}
+    for offset, m in enumerate(msgs):
+        next_offsets[m.partition] = offset + 1
+    ledger = Ledger(dsn, site="a", scheme="separate", group=C.group_id("a", "separate"),
+                    topic=topic)
+    try:
+        expected = ledger.claim(sorted(next_offsets))
+        result = ledger.write(
+            Batch(copy_lines=lines, close_markers=closes, next_offsets=next_offsets,
+                  messages=len(msgs)),
+            expected,
+        )
+        assert result.inserted == len(trades)
+        columns = ", ".join(C.LEDGER_COLUMNS)
+        rows = ledger.c.execute(f"select {columns} from trades").fetchall()  # type: ignore[call-overload]
+        stored = {r[0]: (*r[:-1], _micros(r[-1])) for r in rows}
+        assert stored == trades
+        rows = ledger.c.execute(
+            "select trade_date, kafka_partition, last_seq from close_markers").fetchall()
+        assert {(d, p): s for d, p, s in rows} == markers
+        ledger.c.rollback()
+    finally:
+        ledger.close()
+
+
+@pytest.mark.services
+def test_the_ledger_stores_what_the_contract_accepts(spark: SparkSession, isolated: Any) -> None:  # noqa: F811
+    settings = isolated.settings
+    # The corpus, and one generated batch.
+    corpus = [m for m, _, _ in corpus_messages()]
+    store_and_read_back(settings.ledger_dsn("a"), settings.topic, corpus,
+                        assert_parity(spark, corpus))
+
+    @settings_(max_examples=1, deadline=None, database=None, phases=[Phase.generate],
+               suppress_health_check=list(HealthCheck))
+    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    def generated(pool: dict[str, Any], seed: int) -> None:
+        builder = Builder(pool, seed)
+        msgs = [builder.message() for _ in range(BATCH)]
+        store_and_read_back(settings.ledger_dsn("b"), settings.topic, msgs,
+                            assert_parity(spark, msgs))
+
+    generated()

@@ -151,7 +151,7 @@ def test_falls_back_when_the_days_offsets_are_no_longer_retained(settled_day: Is
 def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolated) -> None:
     """The topic was recreated (say, a cluster rebuilt from scratch) and holds other data: the
     offsets the ledger recorded for the close markers no longer hold them."""
-    from settlement.kafka.admin import admin_client, ensure_topic
+    from settlement.kafka.admin import admin_client, ensure_topic, topic_partitions
     from tests.helpers import wait_for
 
     s = settled_day.settings
@@ -160,8 +160,11 @@ def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolate
     wait_for(lambda: s.topic not in admin.list_topics(timeout=5).topics, 30, "topic deletion")
 
     def recreate() -> bool:
+        # A broker may still list the deleted topic ("exists") while the deletion settles:
+        # done only when every partition is there again.
         try:
-            return ensure_topic(s) in ("created", "exists")
+            ensure_topic(s)
+            return topic_partitions(s, timeout=5, settle=0) == s.partitions
         except Exception:  # noqa: BLE001 - deletion still settling on some broker
             return False
 

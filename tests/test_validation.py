@@ -1,126 +1,406 @@
-"""Every Great Expectations check fails when it should, and names what is wrong."""
+"""Every Great Expectations check can fail: for each one, a day corrupted so that exactly
+that check fails (and names what is wrong), and a good day that passes them all.
+
+A test builds a whole day (the read, the settled day, the ledgers, the positions, the close
+markers) from rows, the way a run derives them, changes one thing, and runs the suites that
+see a frame which differs from the good day's (found from the suites' own assets and
+queries, so a suite that is not run cannot have seen the change): a short run that still
+shows the whole verdict. Two tests run everything. docs/operations.md ("Validation checks")
+lists each check with the test that shows it failing; a test below keeps that table true.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
+from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from settlement.spark import transforms as T
 from settlement.validation import ValidationOutcome, validate_frames
+from settlement.validation.run import ensure_project, get_context
+from settlement.validation.suites import all_suites
 from tests.spark_fixtures import spark  # noqa: F401
 
 DATE = "2026-11-23"
 D = dt.date(2026, 11, 23)
 TS = dt.datetime(2026, 11, 23, 14, 30, tzinfo=dt.UTC)
+ROOT = Path(__file__).resolve().parents[1]
+
+Row = tuple[Any, ...]
 
 
 def _trade(i: int, partition: int, seq: int, buyer: str = "A", seller: str = "B",
-           qty: int = 10) -> tuple:
-    return (f"T{i}", D, seq, partition, 100 + i, "AAPL" if partition == 0 else "MSFT",
-            Decimal("10.5000"), qty, buyer, seller, TS)
+           qty: int = 10, *, offset: int | None = None, price: str = "10.5000",
+           date: dt.date = D) -> Row:
+    return (f"T{i}", date, seq, partition, 100 + i if offset is None else offset,
+            "AAPL" if partition == 0 else "MSFT", Decimal(price), qty, buyer, seller, TS)
 
 
 GOOD = [_trade(1, 0, 1), _trade(2, 0, 2, "B", "C"), _trade(3, 0, 3, "C", "A"),
         _trade(4, 1, 1), _trade(5, 1, 2, "C", "B")]
+# The Kafka read of a good day: a producer retry repeated T1 later in the log (same trade).
+REPLAY = _trade(1, 0, 1, offset=200)
+READ = [*GOOD, REPLAY]
 MARKERS = {0: 3, 1: 2}
 
-
-def frame(spark: SparkSession, rows: list[tuple]) -> DataFrame:  # noqa: F811
-    return spark.createDataFrame(rows, T.TRADE_SCHEMA)
-
-
+READ_DATES = "read_dates@as_read"
+READ_COPIES = "read_copies@as_read"
 TRADES = "trades_day@settlement_trades"
-INVARIANTS = "settlement_invariants@positions"
-SITES = "reconcile_site_a_b@ledger_b_trades"
 KAFKA = "reconcile_kafka_ledger@ledger_trades"
+SITES = "reconcile_site_a_b@ledger_b_trades"
+INVARIANTS = "settlement_invariants@positions"
+
+ALL_CHECKS = {
+    f"{READ_DATES}: every trade read is of the run's date",
+    f"{READ_COPIES}: copies of a trade id agree",
+    f"{TRADES}: every partition closed",
+    f"{TRADES}: no sequence gaps",
+    f"{TRADES}: no trade beyond its close marker",
+    f"{TRADES}: one trade per partition and seq",
+    f"{KAFKA}: in kafka_day, missing from ledger",
+    f"{KAFKA}: in ledger, missing from kafka_day",
+    f"{KAFKA}: kafka_day and ledger agree on each trade",
+    f"{SITES}: in ledger_a_day, missing from ledger_b",
+    f"{SITES}: in ledger_b, missing from ledger_a_day",
+    f"{SITES}: ledger_a_day and ledger_b agree on each trade",
+    f"{INVARIANTS}: net quantity sums to 0 per symbol",
+    f"{INVARIANTS}: net cash sums to 0",
+    f"{INVARIANTS}: net columns are consistent",
+    f"{INVARIANTS}: trade counts are twice the trades read",
+    f"{INVARIANTS}: positions carry the day's volume and notional",
+}
+
+# How validate_frames registers each frame: as a suite's asset and/or as a view its queries
+# read.
+FRAME_NAMES = {
+    "as_read": ("as_read", "read_trades"),
+    "settled": ("settlement_trades", "settled_day"),
+    "kafka": ("kafka_day",),
+    "ledger": ("ledger_trades",),
+    "ledger_a": ("ledger_a_day",),
+    "ledger_b": ("ledger_b_trades",),
+    "positions": ("positions",),
+    "markers": ("close_markers_day",),
+}
 
 
-def run(spark: SparkSession, rows: list[tuple], markers: dict[int, int] | None = None,  # noqa: F811
-        only: set[str] | None = None, **kw: object) -> ValidationOutcome:
-    """Validate; ``only`` keeps a failure test to the suite it is about (GX on Spark costs
-    about half a second per expectation)."""
-    trades = frame(spark, rows)
-    good_positions = T.positions(frame(spark, GOOD), DATE)
-    args = {"positions": kw.pop("positions", good_positions), "ledger": trades,
-            "settled_trades": len(GOOD), **kw}
-    return validate_frames(spark, trade_date=DATE, partitions=2, settlement_trades=trades,
-                           close_markers=markers or MARKERS, only=only,
-                           **args)  # type: ignore[arg-type]
+def readers(frames: set[str]) -> set[str]:
+    """The suites (``suite@asset``) that see any of these frames."""
+    out = set()
+    for plan in all_suites():
+        text = " ".join([plan.asset, *(e.unexpected_rows_query for e in plan.suite.expectations)])
+        if any(re.search(rf"\b{name}\b", text) for f in frames for name in FRAME_NAMES[f]):
+            out.add(plan.name)
+    return out
 
 
-def failed(out: ValidationOutcome) -> dict[str, list]:
-    return {f"{c.suite}@{c.asset}: {c.name}": c.examples for c in out.failures}
+@dataclass(frozen=True)
+class Day:
+    """One run's inputs as rows. Unset frames are derived as a run derives them: the settled
+    day is the read's trades of the date, deduplicated; a complete ledger holds the settled
+    day; in the separate scheme both site ledgers hold the ledger's trades."""
+
+    read: tuple[Row, ...] = tuple(READ)
+    source: str = "kafka"  # "db": one ledger, read by date (trade_id its primary key)
+    settled: tuple[Row, ...] | None = None
+    ledger: tuple[Row, ...] | None = None
+    ledger_a: tuple[Row, ...] | None = None
+    ledger_b: tuple[Row, ...] | None = None
+    markers: tuple[tuple[int, int], ...] = tuple(MARKERS.items())
+    positions: Any = None  # a function (spark, settled frame) -> positions frame
+
+    def frames(self) -> dict[str, Any]:
+        settled = list(self.settled) if self.settled is not None else _settle(self.read)
+        if self.source == "db":
+            ledger, a, b, kafka = settled, None, None, None
+        else:
+            ledger = list(self.ledger) if self.ledger is not None else settled
+            a = list(self.ledger_a) if self.ledger_a is not None else ledger
+            b = list(self.ledger_b) if self.ledger_b is not None else ledger
+            kafka = settled
+        return {"as_read": list(self.read), "settled": settled, "kafka": kafka,
+                "ledger": ledger, "ledger_a": a, "ledger_b": b, "markers": dict(self.markers)}
 
 
-def test_a_good_day_passes(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, GOOD)
-    assert out.success, failed(out)
-    assert len(out.checks) >= 20
-    assert "reconcile_site_a_b@ledger_b_trades" in out.skipped
+def db_day(rows: list[Row] = GOOD, **kw: Any) -> Day:
+    return Day(read=tuple(rows), source="db", **kw)
 
 
-def test_a_deleted_trade_is_named_by_partition_and_seq(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, [t for t in GOOD if t[0] != "T2"], only={TRADES})
-    f = failed(out)
-    gap = f["trades_day@settlement_trades: no sequence gaps"]
-    assert gap == [{"trade_date": str(D), "kafka_partition": 0, "seq": 2}]
+def _settle(rows: tuple[Row, ...] | list[Row]) -> list[Row]:
+    first: dict[str, Row] = {}
+    for r in sorted((r for r in rows if r[1] == D), key=lambda r: (r[3], r[4])):
+        first.setdefault(r[0], r)
+    return sorted(first.values(), key=lambda r: (r[3], r[4]))
 
 
-def test_a_duplicated_trade_is_named(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, [*GOOD, GOOD[0]], only={TRADES})
-    f = failed(out)
-    assert f["trades_day@settlement_trades: trade_id unique"][:1] == ["T1"]
-    assert any(r["seq"] == 1 for r in f["trades_day@settlement_trades: no sequence beyond close"])
+def frame(spark: SparkSession, rows: list[Row] | None) -> DataFrame | None:  # noqa: F811
+    return None if rows is None else spark.createDataFrame(rows, T.TRADE_SCHEMA)
+
+
+def validate(spark: SparkSession, day: Day, everything: bool = False) -> ValidationOutcome:  # noqa: F811
+    """Run the suites that see a frame differing from the good day's (all: ``everything``)."""
+    rows = day.frames()
+    only = None
+    if not everything:
+        base = (db_day() if day.source == "db" else Day()).frames()
+        changed = {k for k, v in rows.items() if v != base[k]}
+        if day.positions is not None or "settled" in changed:
+            changed.add("positions")
+        only = readers(changed)
+    settled = frame(spark, rows["settled"])
+    assert settled is not None
+    positions = (day.positions or (lambda s, t: T.positions(t, DATE)))(spark, settled)
+    return validate_frames(
+        spark, trade_date=DATE, partitions=2, as_read=frame(spark, rows["as_read"]),
+        settlement_trades=settled, close_markers=rows["markers"], positions=positions,
+        ledger=frame(spark, rows["ledger"]), kafka=settled if rows["kafka"] is not None else None,
+        ledger_a=frame(spark, rows["ledger_a"]), ledger_b=frame(spark, rows["ledger_b"]),
+        unique_ids=day.source == "db", only=only)
+
+
+def failing(out: ValidationOutcome) -> set[str]:
+    """Every check that failed: those that fail the run and the warnings."""
+    return {f"{c.suite}@{c.asset}: {c.name}" for c in out.checks if not c.success}
+
+
+def examples(out: ValidationOutcome, name: str) -> list[Any]:
+    return next(c.examples for c in out.checks if f"{c.suite}@{c.asset}: {c.name}" == name)
+
+
+def fails_alone(spark: SparkSession, day: Day, check: str, everything: bool = False,  # noqa: F811
+                warning: bool = False) -> list[Any]:
+    """Exactly ``check`` fails (and so does the run, unless it is a warning); returns the
+    rows it names."""
+    assert check in ALL_CHECKS
+    out = validate(spark, day, everything)
+    assert failing(out) == {check}, [c.as_dict() for c in out.checks if not c.success]
+    assert out.success is warning
+    assert [f"{c.suite}@{c.asset}: {c.name}" for c in out.warnings] == ([check] if warning else [])
+    return examples(out, check)
+
+
+def bump(**deltas: dict[tuple[str, str], int]) -> Any:
+    """Positions of the settled day with columns changed on some (account, symbol) rows:
+    ``bump(net_qty={("A", "AAPL"): 1})``."""
+    def positions(spark: SparkSession, settled: DataFrame) -> DataFrame:  # noqa: F811
+        pos = T.positions(settled, DATE)
+        for col, changes in deltas.items():
+            new = F.col(col)
+            for (account, symbol), d in changes.items():
+                hit = (F.col("account") == account) & (F.col("symbol") == symbol)
+                new = F.when(hit, F.col(col) + F.lit(d)).otherwise(new)
+            pos = pos.withColumn(col, new.cast(pos.schema[col].dataType))
+        return pos
+
+    return positions
+
+
+# -- good days -----------------------------------------------------------------------------
+
+
+def test_a_good_day_passes_every_check(spark: SparkSession) -> None:  # noqa: F811
+    """Kafka-sourced, separate scheme: nothing is skipped; a replayed copy is no failure."""
+    out = validate(spark, Day(), everything=True)
+    assert out.success, [c.as_dict() for c in out.failures]
+    assert out.skipped == {}
+    assert {f"{c.suite}@{c.asset}: {c.name}" for c in out.checks} == ALL_CHECKS
+    assert len(out.checks) == len(ALL_CHECKS)
+
+
+def test_a_ledger_sourced_day_skips_the_checks_that_cannot_fail(spark: SparkSession  # noqa: F811
+                                                                 ) -> None:
+    """One ledger read by date: no other date, no repeated id, no Kafka, no second site. (The
+    checks that do apply run in the tests below on ledger-sourced days.)"""
+    skippable = {READ_DATES, READ_COPIES, KAFKA, SITES}
+    day = frame(spark, GOOD)
+    out = validate_frames(spark, trade_date=DATE, partitions=2, as_read=day,
+                          settlement_trades=day, close_markers=MARKERS, ledger=day,
+                          unique_ids=True, only=skippable)
+    assert out.checks == []
+    assert set(out.skipped) == skippable
+    assert "read from the ledger by date" in out.skipped[READ_DATES]
+    assert "primary key" in out.skipped[READ_COPIES]
+
+
+def test_an_empty_day_with_no_markers_passes(spark: SparkSession) -> None:  # noqa: F811
+    out = validate(spark, db_day([], markers=((0, 0), (1, 0))), everything=True)
+    assert out.success, [c.as_dict() for c in out.failures]
+
+
+# -- the read as it came in ----------------------------------------------------------------
+
+
+def test_a_late_trade_of_the_day_before_fails_only_the_date_check(spark: SparkSession  # noqa: F811
+                                                                  ) -> None:
+    """Everything runs: a trade of D-1 that arrived after D-1's close marker, inside D's
+    Kafka range, is named; the date filter would have dropped it silently. A warning: D
+    itself is complete and right, so the run passes with it."""
+    late = _trade(0, 0, 9, offset=100, date=D - dt.timedelta(days=1))
+    rows = fails_alone(spark, Day(read=(*READ, late)),
+                       f"{READ_DATES}: every trade read is of the run's date", everything=True,
+                       warning=True)
+    assert rows == [{"trade_id": "T0", "trade_date": "2026-11-22", "kafka_partition": 0,
+                     "kafka_offset": 100, "seq": 9}]
+
+
+def test_two_trades_under_one_id_fail_only_the_copies_check(spark: SparkSession  # noqa: F811
+                                                            ) -> None:
+    """The dedupe keeps the first copy (the settled day is unchanged): only the read shows
+    that the 'replay' at offset 200 was a different trade."""
+    other = _trade(1, 0, 1, offset=200, price="10.6000")
+    rows = fails_alone(spark, Day(read=(*GOOD, other)),
+                       f"{READ_COPIES}: copies of a trade id agree")
+    assert rows == [{"trade_id": "T1", "copies": 2, "versions": 2, "offsets": "0:101, 0:200"}]
+
+
+# -- the settled day -----------------------------------------------------------------------
+
+
+def test_a_missing_close_marker_fails_only_every_partition_closed(spark: SparkSession  # noqa: F811
+                                                                  ) -> None:
+    rows = fails_alone(spark, Day(markers=((0, 3),)), f"{TRADES}: every partition closed")
+    assert rows == [{"kafka_partition": 1}]
+
+
+def test_a_lost_trade_is_named_by_partition_and_seq(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, db_day([t for t in GOOD if t[0] != "T2"]),
+                       f"{TRADES}: no sequence gaps")
+    assert rows == [{"trade_date": DATE, "kafka_partition": 0, "seq": 2}]
 
 
 def test_a_missing_partition_tail_is_named(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, GOOD, markers={0: 5, 1: 2}, only={TRADES})
-    gaps = failed(out)["trades_day@settlement_trades: no sequence gaps"]
-    assert [(r["kafka_partition"], r["seq"]) for r in gaps] == [(0, 4), (0, 5)]
+    rows = fails_alone(spark, Day(markers=((0, 5), (1, 2))), f"{TRADES}: no sequence gaps")
+    assert [(r["kafka_partition"], r["seq"]) for r in rows] == [(0, 4), (0, 5)]
 
 
-def test_a_missing_close_marker_is_named(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, GOOD, markers={0: 3}, only={TRADES})
-    assert failed(out)["trades_day@settlement_trades: every partition closed"] == [
-        {"kafka_partition": 1}]
+def test_a_trade_beyond_its_close_marker_is_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, db_day([*GOOD, _trade(6, 1, 3, "A", "C")]),
+                       f"{TRADES}: no trade beyond its close marker")
+    assert rows == [{"trade_id": "T6", "kafka_partition": 1, "seq": 3, "last_seq": 2}]
 
 
-def test_invalid_trades_are_named(spark: SparkSession) -> None:  # noqa: F811
-    bad = [*GOOD[:4], _trade(5, 1, 2, "C", "C")]
-    out = run(spark, bad, only={TRADES})
-    f = failed(out)
-    assert f["trades_day@settlement_trades: buyer <> seller"][0]["trade_id"] == "T5"
+def test_two_trades_at_one_seq_are_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, db_day([*GOOD, _trade(7, 0, 2, "C", "B")]),
+                       f"{TRADES}: one trade per partition and seq")
+    assert rows == [{"kafka_partition": 0, "seq": 2, "trades": 2, "trade_ids": "T2, T7"}]
+
+
+# -- Kafka vs the ledger -------------------------------------------------------------------
+
+
+def test_a_trade_missing_from_the_ledger_is_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, Day(ledger=tuple(GOOD[1:])),
+                       f"{KAFKA}: in kafka_day, missing from ledger")
+    assert [r["trade_id"] for r in rows] == ["T1"]
+
+
+def test_a_ledger_trade_missing_from_kafka_is_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, Day(ledger=(*GOOD, _trade(8, 1, 3))),
+                       f"{KAFKA}: in ledger, missing from kafka_day")
+    assert [r["trade_id"] for r in rows] == ["T8"]
+
+
+def test_a_ledger_trade_that_differs_from_kafka_is_named(spark: SparkSession) -> None:  # noqa: F811
+    ledger = [_trade(3, 0, 3, "C", "A", qty=11) if t[0] == "T3" else t for t in GOOD]
+    rows = fails_alone(spark, Day(ledger=tuple(ledger)),
+                       f"{KAFKA}: kafka_day and ledger agree on each trade")
+    assert [r["trade_id"] for r in rows] == ["T3"]
+
+
+# -- site A vs site B ----------------------------------------------------------------------
+
+
+def test_a_site_b_ledger_missing_a_trade_is_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, Day(ledger_b=tuple(GOOD[:-1])),
+                       f"{SITES}: in ledger_a_day, missing from ledger_b")
+    assert [r["trade_id"] for r in rows] == ["T5"]
+
+
+def test_a_site_a_ledger_missing_a_trade_is_named(spark: SparkSession) -> None:  # noqa: F811
+    rows = fails_alone(spark, Day(ledger_a=tuple(GOOD[:-1])),
+                       f"{SITES}: in ledger_b, missing from ledger_a_day")
+    assert [r["trade_id"] for r in rows] == ["T5"]
+
+
+def test_site_ledgers_that_differ_on_a_trade_are_named(spark: SparkSession) -> None:  # noqa: F811
+    b = [_trade(4, 1, 1, "A", "C") if t[0] == "T4" else t for t in GOOD]
+    rows = fails_alone(spark, Day(ledger_b=tuple(b)),
+                       f"{SITES}: ledger_a_day and ledger_b agree on each trade")
+    assert [r["trade_id"] for r in rows] == ["T4"]
+
+
+# -- the positions -------------------------------------------------------------------------
 
 
 def test_an_unbalanced_position_is_named(spark: SparkSession) -> None:  # noqa: F811
-    pos = T.positions(frame(spark, GOOD), DATE)
-    broken = pos.withColumn("net_qty", pos.net_qty + (pos.account == "A").cast("long"))
-    out = run(spark, GOOD, positions=broken, only={INVARIANTS})
-    f = failed(out)
-    assert "settlement_invariants@positions: net quantity sums to 0 per symbol" in f
-    assert "settlement_invariants@positions: net columns are consistent" in f
+    # A sold one share less: its net is consistent, the instrument no longer nets to zero.
+    day = Day(positions=bump(sold_qty={("A", "AAPL"): -1}, net_qty={("A", "AAPL"): 1}))
+    rows = fails_alone(spark, day, f"{INVARIANTS}: net quantity sums to 0 per symbol")
+    assert rows == [{"symbol": "AAPL", "net": 1}]
 
 
-def test_a_site_ledger_missing_rows_is_named(spark: SparkSession) -> None:  # noqa: F811
-    a = frame(spark, GOOD)
-    b = frame(spark, GOOD[:-1])
-    out = run(spark, GOOD, ledger_a=a, ledger_b=b, only={SITES})
-    f = failed(out)
-    missing = f["reconcile_site_a_b@ledger_b_trades: in ledger_a_day, missing from ledger_b"]
-    assert [r["trade_id"] for r in missing] == ["T5"]
+def test_cash_that_does_not_net_to_zero_is_named(spark: SparkSession) -> None:  # noqa: F811
+    day = Day(positions=bump(sell_amount={("B", "MSFT"): 1}, net_cash={("B", "MSFT"): 1}))
+    rows = fails_alone(spark, day, f"{INVARIANTS}: net cash sums to 0")
+    assert rows == [{"net_cash": "1.0000"}]
 
 
-def test_kafka_vs_ledger_is_reconciled(spark: SparkSession) -> None:  # noqa: F811
-    kafka = frame(spark, GOOD)
-    out = run(spark, GOOD[1:], kafka=kafka, only={KAFKA})
-    f = failed(out)
-    missing = f["reconcile_kafka_ledger@ledger_trades: in kafka_day, missing from ledger"]
-    assert [r["trade_id"] for r in missing] == ["T1"]
+def test_inconsistent_net_columns_are_named(spark: SparkSession) -> None:  # noqa: F811
+    # Net moved between two accounts: every sum still balances, the rows do not.
+    day = Day(positions=bump(net_qty={("A", "AAPL"): 1, ("B", "AAPL"): -1}))
+    rows = fails_alone(spark, day, f"{INVARIANTS}: net columns are consistent")
+    assert sorted((r["account"], r["symbol"]) for r in rows) == [("A", "AAPL"), ("B", "AAPL")]
 
 
-def test_an_empty_day_with_no_markers_passes_invariants(spark: SparkSession) -> None:  # noqa: F811
-    out = run(spark, [], markers={0: 0, 1: 0}, settled_trades=0,
-              positions=T.positions(frame(spark, []), DATE), only={TRADES, INVARIANTS})
-    assert out.success, failed(out)
+def test_a_leg_counted_twice_is_named(spark: SparkSession) -> None:  # noqa: F811
+    # The read holds 5 trades (T1 twice, one trade): 10 legs, not 11.
+    day = Day(positions=bump(trade_count={("C", "MSFT"): 1}))
+    rows = fails_alone(spark, day, f"{INVARIANTS}: trade counts are twice the trades read")
+    assert rows == [{"legs": 11, "trades": 5}]
+
+
+def test_positions_that_lose_volume_are_named(spark: SparkSession) -> None:  # noqa: F811
+    # One more share bought by A and sold by B: nets, cash and counts all still balance.
+    day = Day(positions=bump(bought_qty={("A", "AAPL"): 1}, net_qty={("A", "AAPL"): 1,
+                                                                     ("B", "AAPL"): -1},
+                             sold_qty={("B", "AAPL"): 1}))
+    rows = fails_alone(spark, day, f"{INVARIANTS}: positions carry the day's volume and notional")
+    assert [(r["symbol"], r["volume"], r["bought"]) for r in rows] == [("AAPL", 30, 31)]
+
+
+# -- the project and the docs --------------------------------------------------------------
+
+
+def _project_files() -> dict[str, bytes]:
+    root = get_context().root_directory
+    return {str(p.relative_to(root)): p.read_bytes() for p in Path(root).rglob("*")
+            if p.is_file() and "uncommitted" not in p.parts}
+
+
+def test_the_stored_project_is_the_code_and_is_reused() -> None:
+    ensure_project(get_context())
+    before = _project_files()
+    checkpoints = ensure_project(get_context())
+    assert _project_files() == before  # nothing rewritten: the stored suites are reused
+    names = {p.name for p in all_suites()}
+    assert set(checkpoints) == names
+    stored = {n.removeprefix("checkpoints/").removesuffix(".json") for n in before
+              if n.startswith("checkpoints/")}
+    assert stored == names  # and nothing stale left behind
+
+
+def test_the_operations_guide_lists_every_check_with_its_failing_test() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("## Validation checks", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| `")]
+    documented = {f"{r[0]}: {r[1]}": r[3] for r in rows}
+    assert set(documented) == ALL_CHECKS
+    tests = {n for n in globals() if n.startswith("test_")}
+    assert set(documented.values()) <= tests, set(documented.values()) - tests

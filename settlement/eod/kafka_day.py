@@ -1,12 +1,12 @@
 """Finding a trade date in the Kafka log by itself, so that the Kafka source needs no ledger.
 
 Along a partition the trade dates do not go back: a day's trades, then its close marker,
-then the next day's trades. So the first offset whose next dated message is of day >= D is
-where D starts (just after D-1's close marker) and the first whose next dated message is of a
-later day is just past D's end; each is a binary search of single-message probes (about
-log2(messages) probes a partition). D's close marker must be the last dated message before
-that end; it is looked for in a bounded window there (trades of D arriving after the marker
-are left out of the range: they are late, as the sites treat them).
+then the next day's trades. A probe reads a window of messages at an offset and takes the
+median date of the valid ones (so a late trade of another day, or a malformed message, cannot
+mislead it); a binary search over probes (about log2(messages) of them) finds where the
+median reaches D and where it passes D. Each boundary is then made exact with the close
+markers next to it: the day starts right after D-1's close marker and ends with D's own
+(trades of D after their marker are late, and left out as the sites leave them out).
 
 The ledgers' recorded marker offsets only speed this up: a recorded offset is probed first
 and, if Kafka confirms it, no search is needed; a recorded offset Kafka contradicts is
@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.parse import Malformed, close_marker, decode, message_type
+from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement.config import Settings
 from settlement.contract import CLOSE, TRADE
 
@@ -37,12 +37,21 @@ class NotLocated(RuntimeError):
 
 @dataclass(frozen=True)
 class Dated:
-    """The first message with a trade date at or after a probed offset."""
+    """A valid message of the contract: a trade or a close marker, with its date."""
 
     offset: int
     day: str
     kind: str  # "trade" | "close"
     seq: int | None  # a trade's seq, a close marker's last_seq
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a probe saw: the median date of its valid messages, and those messages."""
+
+    day: str
+    first: Dated
+    messages: list[Dated]
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class DayInPartition:
 
 
 def _dated(m: Any, partition: int, max_bytes: int) -> Dated | None:
+    """The message as the sites would take it, or None for anything they would not settle
+    (a malformed message's date means nothing)."""
     if m.error() is not None:
         return None
     try:
@@ -62,12 +73,12 @@ def _dated(m: Any, partition: int, max_bytes: int) -> Dated | None:
         if kind == CLOSE:
             cm = close_marker(obj, partition)
             return Dated(m.offset(), cm.trade_date, CLOSE, cm.last_seq)
-        day, seq = obj.get("trade_date"), obj.get("seq")
+        if kind != TRADE:
+            return None
+        trade_copy_line(obj, partition, m.offset(), "probe")
     except Malformed:
         return None
-    if kind != TRADE or not isinstance(day, str) or len(day) != 10:
-        return None
-    return Dated(m.offset(), day, TRADE, seq if type(seq) is int else None)
+    return Dated(m.offset(), str(obj["trade_date"]), TRADE, int(obj["seq"]))
 
 
 class PartitionLog:
@@ -78,7 +89,7 @@ class PartitionLog:
         self.c, self.topic, self.p, self.high = consumer, topic, partition, high
         self.max_bytes, self.timeout = max_bytes, timeout
         self.probes = 0
-        self._seen: dict[int, Dated | None] = {}
+        self._seen: dict[int, Window | None] = {}
 
     def read(self, offset: int, count: int) -> list[Any]:
         """Up to ``count`` readable messages from ``offset`` on (fewer at the log end)."""
@@ -101,50 +112,80 @@ class PartitionLog:
                 break
         return out[:count]
 
-    def dated_at(self, offset: int) -> Dated | None:
-        """The first dated message at or after ``offset``; None past the last one."""
+    def window_at(self, offset: int) -> Window | None:
+        """The valid messages among the next LOOKAHEAD readable ones at ``offset``, and their
+        median date; None when there is none (past the last one)."""
         if offset >= self.high:
             return None
         if offset in self._seen:
             return self._seen[offset]
         self.probes += 1
+        msgs = [d for m in self.read(offset, LOOKAHEAD)
+                if (d := _dated(m, self.p, self.max_bytes)) is not None]
         found = None
-        for m in self.read(offset, LOOKAHEAD):
-            found = _dated(m, self.p, self.max_bytes)
-            if found is not None:
-                break
+        if msgs:
+            days = sorted(d.day for d in msgs)
+            found = Window(days[len(days) // 2], msgs[0], msgs)
         self._seen[offset] = found
         return found
 
     def first_offset(self, low: int, pred: Any) -> int:
-        """The smallest offset in [low, high] whose next dated message satisfies ``pred``
+        """The smallest offset in [low, high] whose window's median date satisfies ``pred``
         (the high watermark when none does); ``pred`` must be monotone along the log."""
         lo, hi = low, self.high
         while lo < hi:
             mid = (lo + hi) // 2
-            d = self.dated_at(mid)
-            if d is None or pred(d):
+            w = self.window_at(mid)
+            if w is None or pred(w.day):
                 hi = mid
             else:
                 lo = mid + 1
         return lo
 
-
-def _marker_before(log: PartitionLog, start: int, end: int, day: str) -> Dated | None:
-    """D's close marker: the last one in [start, end), looked for in a window that doubles
-    backwards from ``end``."""
-    width = LOOKAHEAD
-    while True:
-        lo = max(start, end - width)
-        found = None
-        for m in log.read(lo, end - lo):
+    def scan(self, start: int, end: int) -> list[Dated]:
+        """Every valid message in [start, end)."""
+        out = []
+        for m in self.read(start, max(end - start, 0)):
             if m.offset() >= end:
                 break
-            d = _dated(m, log.p, log.max_bytes)
-            if d is not None and d.kind == CLOSE and d.day == day:
-                found = d
-        if found is not None or lo == start or width >= MAX_MARKER_WINDOW:
-            return found
+            d = _dated(m, self.p, self.max_bytes)
+            if d is not None:
+                out.append(d)
+        return out
+
+
+def _closes(found: list[Dated], pred: Any) -> list[Dated]:
+    return [d for d in found if d.kind == CLOSE and pred(d.day)]
+
+
+def _day_start(log: PartitionLog, low: int, day: str) -> int:
+    """Right after the latest close marker of an earlier day near where the median date
+    reaches ``day``; the log start when the log begins with ``day``."""
+    approx = log.first_offset(low, lambda d: d >= day)
+    lo = max(low, approx - 2 * LOOKAHEAD)
+    before = _closes(log.scan(lo, approx + 2 * LOOKAHEAD), lambda d: d < day)
+    if before:
+        return before[-1].offset + 1
+    if lo == low:
+        return low
+    raise NotLocated(f"no close marker of the day before {day} on partition {log.p} near "
+                     f"offset {approx}, where {day} begins")
+
+
+def _day_marker(log: PartitionLog, start: int, day: str) -> Dated:
+    """D's close marker near where the median date passes ``day``; the window widens
+    backwards (many late trades after a marker) up to MAX_MARKER_WINDOW."""
+    after = log.first_offset(start, lambda d: d > day)
+    width = 2 * LOOKAHEAD
+    while True:
+        lo = max(start, after - width)
+        found = _closes(log.scan(lo, min(after + 2 * LOOKAHEAD, log.high)),
+                        lambda d: d == day)
+        if found:
+            return found[-1]
+        if lo == start or width >= MAX_MARKER_WINDOW:
+            raise NotLocated(f"no close marker of {day} on partition {log.p} in Kafka "
+                             f"(the day's messages end near offset {after})")
         width *= 2
 
 
@@ -153,28 +194,25 @@ def locate_in_partition(log: PartitionLog, low: int, day: str,
     """Where ``day`` sits in one partition. ``recorded``: the close marker offset a ledger
     holds (probed first); ``previous``: the previous day's marker offset a ledger holds."""
     if recorded is not None:
-        d = log.dated_at(recorded)
+        w = log.window_at(recorded)
+        d = w.first if w is not None else None
         if d is None or d.offset != recorded or d.kind != CLOSE or d.day != day:
             raise NotLocated(
                 f"the close marker of partition {log.p} for {day} is not at offset "
                 f"{recorded} in Kafka, where a ledger recorded it")
-        start = previous + 1 if previous is not None and previous + 1 >= low else None
-        if start is None:
-            start = log.first_offset(low, lambda x: x.day >= day)
+        start = (previous + 1 if previous is not None and previous + 1 >= low
+                 else _day_start(log, low, day))
         return DayInPartition(start, recorded + 1, d.seq or 0, "ledger")
-    start = log.first_offset(low, lambda x: x.day >= day)
-    first = log.dated_at(start)
+    start = _day_start(log, low, day)
+    w = log.window_at(start)
+    first = w.first if w is not None else None
     if first is None or first.day != day:
         raise NotLocated(f"partition {log.p} holds no message of {day} in Kafka")
     if start == low and low > 0 and first.kind == TRADE and first.seq != 1:
         raise NotLocated(
             f"the day's offsets are no longer retained in Kafka: partition {log.p} starts at "
             f"offset {low} with seq {first.seq} of {day}")
-    after = log.first_offset(start, lambda x: x.day > day)
-    marker = _marker_before(log, start, after, day)
-    if marker is None:
-        raise NotLocated(f"no close marker of {day} on partition {log.p} in Kafka "
-                         f"(the day's messages end at offset {after})")
+    marker = _day_marker(log, start, day)
     return DayInPartition(start, marker.offset + 1, marker.seq or 0, "search")
 
 

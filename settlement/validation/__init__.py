@@ -25,6 +25,7 @@ def validate_frames(
     *,
     trade_date: str,
     partitions: int,
+    as_read: DataFrame,
     settlement_trades: DataFrame,
     close_markers: dict[int, int],
     positions: DataFrame | None = None,
@@ -32,28 +33,41 @@ def validate_frames(
     kafka: DataFrame | None = None,
     ledger_a: DataFrame | None = None,
     ledger_b: DataFrame | None = None,
-    settled_trades: int | None = None,
+    unique_ids: bool = False,
     skip: dict[str, str] | None = None,
     only: set[str] | None = None,
 ) -> ValidationOutcome:
-    """Run every applicable suite. ``close_markers``: partition -> last_seq of the day."""
-    n = settled_trades if settled_trades is not None else settlement_trades.count()
+    """Run every suite that can fail on this run's frames.
+
+    ``as_read``: every trade the read returned, of any date, before dedupe;
+    ``settlement_trades``: the day the settlement netted (dated, deduplicated);
+    ``close_markers``: partition -> last_seq of the day; ``kafka``: the settled day when
+    Kafka was the source (None: the day was read from the ledger(s), by date);
+    ``unique_ids``: the read is one ledger, whose primary key is trade_id.
+    """
     run_params = spark.createDataFrame(
-        [(dt.date.fromisoformat(trade_date), partitions, n)],
-        "trade_date date, partitions int, trades long")
+        [(dt.date.fromisoformat(trade_date), partitions)], "trade_date date, partitions int")
     markers = spark.createDataFrame(sorted(close_markers.items()), _MARKERS)
-    views = {"run_params": run_params, "close_markers_day": markers}
+    views = {"run_params": run_params, "close_markers_day": markers,
+             "read_trades": as_read, "settled_day": settlement_trades}
     skip = dict(skip or {})
     if kafka is not None:
         views["kafka_day"] = kafka
     else:
         skip.setdefault("reconcile_kafka_ledger", "Kafka was not read for this run")
+        # A check that cannot fail is not run: it would only look like a guarantee.
+        skip.setdefault("read_dates", "the day was read from the ledger by date: no trade of "
+                                      "another date can be in the read")
+    if unique_ids:
+        skip.setdefault("read_copies", "one ledger was read: trade_id is its primary key, so "
+                                       "no trade id can repeat in the read")
     if ledger_a is not None and ledger_b is not None:
         views["ledger_a_day"] = ledger_a
     else:
         skip.setdefault("reconcile_site_a_b", "not the separate scheme (one ledger)")
     register_views(spark, views)
-    frames = {"settlement_trades": settlement_trades, "ledger_trades": ledger,
+    frames = {"as_read": as_read, "settlement_trades": settlement_trades,
+              "ledger_trades": ledger,
               "ledger_b_trades": ledger_b if ledger_a is not None else None,
               "positions": positions}
     return run_suites(frames, skip, only)

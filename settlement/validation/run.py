@@ -9,6 +9,7 @@ and replaces a suite whose expectations differ from the code in ``suites.py``.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,6 @@ from settlement.validation.suites import SuitePlan, all_suites
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 DATASOURCE = "settlement_spark"
-ASSETS = ("settlement_trades", "ledger_trades", "ledger_b_trades", "positions")
 BATCH = "whole_day"
 EXAMPLES = 10
 
@@ -36,11 +36,12 @@ class CheckResult:
     success: bool
     observed: Any
     examples: list[Any] = field(default_factory=list)
+    severity: str = "critical"  # a failed "warning" is reported and does not fail the run
 
     def as_dict(self) -> dict[str, Any]:
         return {"suite": self.suite, "asset": self.asset, "name": self.name,
                 "check": self.check, "success": self.success, "observed": self.observed,
-                "examples": self.examples}
+                "examples": self.examples, "severity": self.severity}
 
 
 @dataclass
@@ -51,15 +52,22 @@ class ValidationOutcome:
 
     @property
     def success(self) -> bool:
-        return all(c.success for c in self.checks)
+        return not self.failures
 
     @property
     def failures(self) -> list[CheckResult]:
-        return [c for c in self.checks if not c.success]
+        """Failed critical checks: these fail the run."""
+        return [c for c in self.checks if not c.success and c.severity == "critical"]
+
+    @property
+    def warnings(self) -> list[CheckResult]:
+        """Failed checks of a lower severity: reported, the run still passes."""
+        return [c for c in self.checks if not c.success and c.severity != "critical"]
 
     def as_dict(self) -> dict[str, Any]:
         return {"success": self.success, "checks": len(self.checks),
                 "failures": [c.as_dict() for c in self.failures],
+                "warnings": [c.as_dict() for c in self.warnings],
                 "passed": [f"{c.suite}@{c.asset}: {c.name}" for c in self.checks if c.success],
                 "skipped": self.skipped, "data_docs": self.data_docs}
 
@@ -100,16 +108,43 @@ def get_context(settings: Settings | None = None) -> Any:
     return gx.get_context(mode="file", context_root_dir=str(root))
 
 
-def _vd_name(plan: SuitePlan) -> str:
-    return f"{plan.suite.name}@{plan.asset}"
-
-
 def _same_suite(a: Any, b: Any) -> bool:
-    def key(s: Any) -> list[Any]:
-        return sorted(repr(e.configuration.to_json_dict().get("kwargs")) + repr(e.meta)
-                      for e in s.expectations)
+    """Same expectations (type, query or arguments, names, descriptions), ids aside."""
+    def key(s: Any) -> list[str]:
+        out = []
+        for e in s.expectations:
+            conf = e.configuration.to_json_dict()
+            # json: a str enum (severity) and its stored string compare equal
+            out.append(json.dumps({k: conf.get(k) for k in
+                                   ("type", "kwargs", "meta", "description", "severity")},
+                                  sort_keys=True, default=str))
+        return sorted(out)
 
     return key(a) == key(b)
+
+
+def _prune(context: Any, ds: Any, plans: list[SuitePlan]) -> None:
+    """Remove what the code no longer defines (a renamed suite or asset, a validation
+    definition that moved), so that the project in gx/ is exactly ``all_suites()``. Names
+    come from the stores' keys: a stale object may no longer load."""
+    import great_expectations as gx
+
+    def stored(store: Any) -> set[str]:
+        return {k.to_tuple()[-1] for k in store.list_keys()}
+
+    names = {p.name for p in plans}
+    suites = {p.suite.name for p in plans}
+    for factory, store, keep in (
+            (context.checkpoints, context.checkpoint_store, names),
+            (context.validation_definitions, context.validation_definition_store, names),
+            (context.suites, context.expectations_store, suites)):
+        for name in sorted(stored(store) - keep):
+            try:
+                factory.delete(name)
+            except gx.exceptions.DataContextError:
+                pass  # removed meanwhile by another run
+    for name in sorted(ds.get_asset_names() - {p.asset for p in plans}):
+        ds.delete_asset(name)
 
 
 def ensure_project(context: Any) -> dict[str, Any]:
@@ -121,7 +156,9 @@ def ensure_project(context: Any) -> dict[str, Any]:
         ds = context.data_sources.get(DATASOURCE)
     except (KeyError, ValueError):
         ds = context.data_sources.add_spark(name=DATASOURCE)
-    for name in ASSETS:
+    plans = all_suites()
+    _prune(context, ds, plans)
+    for name in dict.fromkeys(p.asset for p in plans):
         try:
             asset = ds.get_asset(name)
         except LookupError:
@@ -130,7 +167,6 @@ def ensure_project(context: Any) -> dict[str, Any]:
             asset.get_batch_definition(BATCH)
         except (KeyError, LookupError, ValueError):
             asset.add_batch_definition_whole_dataframe(BATCH)
-    plans = all_suites()
     suites: dict[str, Any] = {}
     replaced: set[str] = set()
     for plan in plans:
@@ -148,7 +184,7 @@ def ensure_project(context: Any) -> dict[str, Any]:
         suites[plan.suite.name] = stored
     checkpoints: dict[str, Any] = {}
     for plan in plans:
-        name = _vd_name(plan)
+        name = plan.name
         if plan.suite.name in replaced:
             for store in (context.checkpoints, context.validation_definitions):
                 try:
@@ -199,30 +235,45 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
+def _run_checkpoint(context: Any, checkpoints: dict[str, Any], name: str, df: DataFrame) -> Any:
+    from great_expectations.exceptions.resource_freshness import (
+        ResourceFreshnessAggregateError,
+    )
+
+    try:
+        return checkpoints[name].run(batch_parameters={"dataframe": df})
+    except ResourceFreshnessAggregateError:
+        # Another run replaced a suite since ensure_project (two first runs of a new version
+        # at once): take the stored project again, once.
+        checkpoints.update(ensure_project(context))
+        return checkpoints[name].run(batch_parameters={"dataframe": df})
+
+
 def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None = None,
                only: set[str] | None = None) -> ValidationOutcome:
     """Validate each asset's frame with its suites; an asset without a frame is skipped.
 
-    ``skip`` maps a suite name to a reason it does not apply (e.g. no Kafka to reconcile);
-    ``only`` restricts the run to some ``suite@asset`` names.
+    ``skip`` maps a suite name, or one ``suite@asset``, to a reason it does not apply (e.g.
+    no Kafka to reconcile); ``only`` restricts the run to some ``suite@asset`` names.
     """
     context = get_context()
     checkpoints = ensure_project(context)
     skipped: dict[str, str] = {}
     checks: list[CheckResult] = []
     for plan in all_suites():
-        name = _vd_name(plan)
+        name = plan.name
         if only is not None and name not in only:
             continue
         df = frames.get(plan.asset)
-        why = (skip or {}).get(plan.suite.name)
+        why = (skip or {}).get(name) or (skip or {}).get(plan.suite.name)
         if df is None or why:
             skipped[name] = why or f"no {plan.asset} data for this run"
             continue
-        res = checkpoints[name].run(batch_parameters={"dataframe": df})
+        res = _run_checkpoint(context, checkpoints, name, df)
         for vres in res.run_results.values():
             for er in vres.results:
                 meta = er.expectation_config.meta or {}
+                severity = getattr(er.expectation_config, "severity", None) or "critical"
                 result = er.result or {}
                 checks.append(CheckResult(
                     suite=plan.suite.name, asset=plan.asset,
@@ -231,6 +282,7 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
                     observed=_plain(result.get("observed_value",
                                                result.get("unexpected_count"))),
                     examples=[] if er.success else _examples(result),
+                    severity=str(getattr(severity, "value", severity)),
                 ))
     docs = None
     try:

@@ -1,12 +1,46 @@
 """The Great Expectations suites: what "no trade lost, none duplicated" means, as checks.
 
-Every suite runs on Spark DataFrames. Cross-table checks are ``UnexpectedRowsExpectation``
-anti-joins in Spark SQL against temporary views that ``settlement.validation.run`` registers
-for the run (they name the trades that differ, so a failure says which trade and where):
+Every check runs on a frame where it can fail. A check that the frame already guarantees
+proves nothing and only makes the verdict look stronger than it is, so:
 
-- ``run_params``: one row (trade_date, partitions, trades) for the run
+- **Date and uniqueness on the read as it came in** (``as_read``: every trade the read
+  returned, of any date, before dedupe). After the date filter every trade has the run's
+  date, and after the dedupe (or a ledger's primary key) every trade id is unique; only the
+  read itself can hold a trade of another date in the day's Kafka range, which the filter
+  drops silently, or two different trades under one trade id, which the dedupe would
+  silently reduce to one.
+
+  A trade of another date in the range does not make the day wrong (the day's completeness
+  is proven by its close markers and sequence numbers): it is another day's trade that no
+  settlement includes, e.g. one of the day before that arrived after its close marker (the
+  sites dead-letter it as ``late``: bad data never stops the line). So that check is a
+  warning: it names the trades in the verdict and the report and does not fail the run.
+- **Completeness on the settled day** (``settlement_trades``: the day the netting used):
+  every partition closed, sequence numbers 1..last_seq all present, none beyond the close
+  marker, one trade per (partition, seq).
+- **Reconciliation** of the settled day with the ledger (Kafka-sourced runs) and of the two
+  site ledgers with each other (separate scheme).
+- **Invariants on the positions**, with the trade count taken from the read (distinct trade
+  ids of the run's date), not from the settlement's own count, and volume and notional from
+  the settled day: a netting step that drops or mangles a trade fails here.
+
+Not checked here, because no frame we validate can violate them: not-null columns, a
+positive quantity and price, buyer <> seller, field formats. A trade is valid by the
+contract (``settlement/contract.py``): the Spark reader and the sites' parser drop what it
+rejects (dead letters, counted as malformed), ``tests/test_parity.py`` holds both parsers to
+the same verdicts on an adversarial corpus, and the ledger's ``NOT NULL`` and ``CHECK``
+constraints (quantity > 0, price > 0, seller <> buyer, seq > 0) refuse the rest.
+
+Cross-table checks are ``UnexpectedRowsExpectation`` anti-joins in Spark SQL against
+temporary views that ``settlement.validation.validate_frames`` registers for the run (they
+name the trades that differ, so a failure says which trade and where). ``{batch}`` is the
+asset's frame (GX registers it as ``tmp_view``: no view of ours may have that name):
+
+- ``run_params``: one row (trade_date, partitions) for the run
 - ``close_markers_day``: (kafka_partition, last_seq) of the day, from the source
-- ``kafka_day`` / ``ledger_day`` / ``ledger_a_day`` / ``ledger_b_day``: trades to reconcile
+- ``read_trades``: the read as it came in (the ``as_read`` frame)
+- ``settled_day``: the settled day (the ``settlement_trades`` frame)
+- ``kafka_day`` / ``ledger_a_day``: trades to reconcile with
 """
 
 from __future__ import annotations
@@ -17,8 +51,10 @@ from typing import Any
 import great_expectations as gx
 import great_expectations.expectations as gxe
 
-TRADE_COLUMNS = ("trade_id", "trade_date", "seq", "kafka_partition", "kafka_offset", "symbol",
-                 "price", "quantity", "buyer", "seller", "executed_at")
+# What a replayed copy of a trade must repeat (its offset is the copy's own).
+TRADE_IDENTITY = ("trade_date", "seq", "kafka_partition", "symbol", "price", "quantity",
+                  "buyer", "seller", "executed_at")
+_RUN_DATE = "(select trade_date from run_params)"
 
 
 def _suite(name: str, expectations: list[Any]) -> gx.ExpectationSuite:
@@ -27,36 +63,50 @@ def _suite(name: str, expectations: list[Any]) -> gx.ExpectationSuite:
     return gx.ExpectationSuite(name=name, expectations=expectations)
 
 
-def _rows(name: str, check: str, description: str, query: str) -> gxe.UnexpectedRowsExpectation:
+def _rows(name: str, check: str, description: str, query: str, *,
+          severity: str = "critical") -> gxe.UnexpectedRowsExpectation:
+    """An anti-join check. ``severity``: "critical" fails the run, "warning" is reported."""
     return gxe.UnexpectedRowsExpectation(
-        unexpected_rows_query=query.strip(), description=description,
-        meta={"check": check, "name": name},
+        unexpected_rows_query=" ".join(query.split()), description=description,
+        meta={"check": check, "name": name}, severity=severity,
     )
 
 
+def read_dates_suite() -> gx.ExpectationSuite:
+    """On ``as_read`` from Kafka (a ledger is read by date: there it cannot fail). A warning:
+    another day's trade does not make this day wrong."""
+    return _suite("read_dates", [_rows(
+        "every trade read is of the run's date", "dates",
+        "the day's Kafka range holds only the day's trades: each row returned is a trade of "
+        "another date that the date filter drops and no day settles, e.g. a trade of the "
+        "day before that arrived after its close marker",
+        f"""
+        select trade_id, trade_date, kafka_partition, kafka_offset, seq from {{batch}}
+        where not (trade_date <=> {_RUN_DATE})
+        """, severity="warning")])
+
+
+def read_copies_suite() -> gx.ExpectationSuite:
+    """On ``as_read`` before dedupe (a single ledger's primary key makes it unfailable)."""
+    same = ", ".join(TRADE_IDENTITY)
+    return _suite("read_copies", [_rows(
+        "copies of a trade id agree", "uniqueness",
+        "a replayed trade repeats the same trade (" + same + "); two different trades under "
+        "one trade id are named, which the dedupe would silently reduce to one",
+        f"""
+        select trade_id, count(*) as copies, size(collect_set(struct({same}))) as versions,
+               array_join(sort_array(collect_list(
+                   concat(kafka_partition, ':', kafka_offset))), ', ') as offsets
+        from {{batch}} group by trade_id having size(collect_set(struct({same}))) > 1
+        """)])
+
+
 def trades_suite() -> gx.ExpectationSuite:
-    """Completeness, uniqueness and validity of one day's trades (settlement input, ledger)."""
+    """Completeness of the settled day: nothing lost, nothing extra, one trade per seq."""
     suite: list[Any] = []
-    suite.append(gxe.ExpectColumnValuesToBeUnique(
-        column="trade_id", meta={"check": "uniqueness", "name": "trade_id unique"}))
-    for col in TRADE_COLUMNS:
-        suite.append(gxe.ExpectColumnValuesToNotBeNull(
-            column=col, meta={"check": "validity", "name": f"{col} not null"}))
-    suite.append(gxe.ExpectColumnValuesToBeBetween(
-        column="quantity", min_value=1, meta={"check": "validity", "name": "quantity > 0"}))
-    suite.append(_rows(
-        "price > 0", "validity", "every price is positive",
-        "select trade_id, price from {batch} where price <= 0"))
-    suite.append(_rows(
-        "buyer <> seller", "validity", "no account trades with itself",
-        "select trade_id, buyer, seller from {batch} where buyer = seller"))
-    suite.append(_rows(
-        "trade_date is the run's date", "validity", "every trade belongs to the settled date",
-        "select trade_id, trade_date from {batch} "
-        "where trade_date <> (select trade_date from run_params)"))
     suite.append(_rows(
         "every partition closed", "completeness",
-        "a market-close marker exists for every partition",
+        "a market-close marker exists for every partition (and every partition with trades)",
         """
         select p.kafka_partition
         from (select explode(sequence(0, partitions - 1)) as kafka_partition from run_params
@@ -67,21 +117,30 @@ def trades_suite() -> gx.ExpectationSuite:
         "no sequence gaps", "completeness",
         "seq runs from 1 to the close marker's last_seq in every partition: each row returned "
         "is a lost trade (date, partition, seq)",
-        """
-        select (select trade_date from run_params) as trade_date, e.kafka_partition, e.seq
+        f"""
+        select {_RUN_DATE} as trade_date, e.kafka_partition, e.seq
         from (select kafka_partition,
                      explode(sequence(cast(1 as bigint), cast(last_seq as bigint))) as seq
               from close_markers_day where last_seq > 0) e
-        left anti join {batch} t on t.kafka_partition = e.kafka_partition and t.seq = e.seq
+        left anti join {{batch}} t on t.kafka_partition = e.kafka_partition and t.seq = e.seq
         """))
     suite.append(_rows(
-        "no sequence beyond close", "completeness",
-        "no trade has a seq past its partition's close marker or appears twice at one seq",
+        "no trade beyond its close marker", "completeness",
+        "no trade has a seq past its partition's close marker (the marker closed the day "
+        "too early, or the trade is not the day's)",
         """
-        select t.kafka_partition, t.seq, count(*) as copies
-        from {batch} t left join close_markers_day m on m.kafka_partition = t.kafka_partition
-        group by t.kafka_partition, t.seq, m.last_seq
-        having count(*) > 1 or m.last_seq is null or t.seq > max(m.last_seq)
+        select t.trade_id, t.kafka_partition, t.seq, m.last_seq
+        from {batch} t join close_markers_day m on m.kafka_partition = t.kafka_partition
+        where t.seq > m.last_seq
+        """))
+    suite.append(_rows(
+        "one trade per partition and seq", "uniqueness",
+        "each (partition, seq) holds one trade: two trade ids at one seq (a sequence "
+        "reissued, or a copy the dedupe kept) are named",
+        """
+        select kafka_partition, seq, count(*) as trades,
+               array_join(sort_array(collect_list(trade_id)), ', ') as trade_ids
+        from {batch} group by kafka_partition, seq having count(*) > 1
         """))
     return _suite("trades_day", suite)
 
@@ -109,7 +168,7 @@ def reconciliation_suite(name: str, left: str, right: str, what: str) -> gx.Expe
 
 
 def invariants_suite() -> gx.ExpectationSuite:
-    """Settlement output: what multilateral netting must conserve."""
+    """Settlement output: what multilateral netting must conserve, and what it must carry."""
     suite: list[Any] = []
     suite.append(_rows(
         "net quantity sums to 0 per symbol", "invariants",
@@ -120,15 +179,34 @@ def invariants_suite() -> gx.ExpectationSuite:
         "the central counterparty is flat: net_cash sums to zero over all accounts",
         "select sum(net_cash) as net_cash from {batch} having sum(net_cash) <> 0"))
     suite.append(_rows(
-        "trade counts are twice the trades", "invariants",
-        "each trade has two legs: position trade_count sums to twice the trades settled",
-        "select coalesce(sum(trade_count), 0) as legs, (select trades from run_params) as trades "
-        "from {batch} having coalesce(sum(trade_count), 0) <> 2 * (select trades from run_params)"))
-    suite.append(_rows(
         "net columns are consistent", "invariants",
         "net_qty = bought - sold and net_cash = sell_amount - buy_amount on every position",
         "select account, symbol from {batch} where net_qty <> bought_qty - sold_qty "
         "or net_cash <> sell_amount - buy_amount"))
+    suite.append(_rows(
+        "trade counts are twice the trades read", "invariants",
+        "each trade has two legs: position trade_count sums to twice the distinct trade ids "
+        "of the run's date in the read (counted from the read, not by the settlement)",
+        f"""
+        select p.legs, r.trades
+        from (select coalesce(sum(trade_count), 0) as legs from {{batch}}) p
+        cross join (select count(distinct trade_id) as trades from read_trades
+                    where trade_date = {_RUN_DATE}) r
+        where p.legs <> 2 * r.trades
+        """))
+    suite.append(_rows(
+        "positions carry the day's volume and notional", "invariants",
+        "per instrument, the quantity bought equals the settled day's volume and the amount "
+        "paid its notional (sum of price * quantity)",
+        """
+        with d as (select symbol, sum(quantity) as volume, sum(price * quantity) as notional
+                   from settled_day group by symbol),
+             p as (select symbol, sum(bought_qty) as bought, sum(buy_amount) as paid
+                   from {batch} group by symbol)
+        select coalesce(d.symbol, p.symbol) as symbol, d.volume, p.bought, d.notional, p.paid
+        from d full outer join p on p.symbol = d.symbol
+        where not (d.volume <=> p.bought and d.notional <=> p.paid)
+        """))
     return _suite("settlement_invariants", suite)
 
 
@@ -139,11 +217,17 @@ class SuitePlan:
     suite: gx.ExpectationSuite
     asset: str
 
+    @property
+    def name(self) -> str:
+        """``suite@asset``: the validation definition's and the checkpoint's name."""
+        return f"{self.suite.name}@{self.asset}"
+
 
 def all_suites() -> list[SuitePlan]:
     return [
+        SuitePlan(read_dates_suite(), "as_read"),
+        SuitePlan(read_copies_suite(), "as_read"),
         SuitePlan(trades_suite(), "settlement_trades"),
-        SuitePlan(trades_suite(), "ledger_trades"),
         SuitePlan(reconciliation_suite("reconcile_kafka_ledger", "kafka_day", "ledger",
                                        "Kafka vs ledger"), "ledger_trades"),
         SuitePlan(reconciliation_suite("reconcile_site_a_b", "ledger_a_day", "ledger_b",
