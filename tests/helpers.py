@@ -86,3 +86,17 @@ def ingest_day(env: dict[str, str], tmp: Path, date: str, sites: list[str], sche
     for proc, log in procs:
         assert wait_exit(proc, log)["closed"]
     return sim
+
+
+def published_positions(dsn: str, day: str) -> tuple[bytes, int | None]:
+    """The published positions of a day, byte for byte, and the run they came from."""
+    from settlement.db import connect
+
+    with connect(dsn) as conn:
+        with conn.cursor().copy(
+            "copy (select * from positions where trade_date = %s order by account, symbol)"
+            " to stdout", (day,)) as copy:
+            data = b"".join(bytes(chunk) for chunk in copy)
+        row = conn.execute("select run_id from published_days where trade_date = %s",
+                           (day,)).fetchone()
+    return data, None if row is None else row[0]

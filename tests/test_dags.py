@@ -101,20 +101,6 @@ def airflow_db() -> Iterator[None]:
     yield
 
 
-def _published(dsn: str, day: str) -> tuple[bytes, int]:
-    """The published positions of the day, byte for byte, and the run they came from."""
-    from settlement.db import connect
-
-    with connect(dsn) as conn:
-        with conn.cursor().copy(
-            "copy (select * from positions where trade_date = %s order by account, symbol)"
-            " to stdout", (day,)) as copy:
-            data = b"".join(bytes(chunk) for chunk in copy)
-        run_id = conn.execute("select run_id from published_days where trade_date = %s",
-                              (day,)).fetchone()[0]
-    return data, run_id
-
-
 def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):
     from settlement.orchestration.tasks import airflow_connections
 
@@ -128,7 +114,7 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):
 def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from settlement.db import connect
-    from tests.helpers import ingest_day
+    from tests.helpers import ingest_day, published_positions
 
     day = "2026-11-27"
     sim = ingest_day(isolated.env, tmp_path, day, ["a", "b"], "shared")
@@ -142,14 +128,14 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
 
     # The ledger loses a trade; the rerun settles from Kafka, validation finds the trade
     # missing from the ledger: nothing is published and the DAG run fails.
-    before = _published(isolated.settings.settlement_dsn, day)
+    before = published_positions(isolated.settings.settlement_dsn, day)
     assert before[0]
     with connect(isolated.settings.ledger_dsn("shared")) as conn:
         conn.execute("delete from trades where trade_id = (select min(trade_id) from trades)")
         conn.commit()
     rerun = _run_eod(isolated, day, monkeypatch)
     assert str(rerun.state) == "failed", rerun.state
-    assert _published(isolated.settings.settlement_dsn, day) == before
+    assert published_positions(isolated.settings.settlement_dsn, day) == before
     with connect(isolated.settings.settlement_dsn) as conn:
         status, ok, published, staged = conn.execute(
             "select status, validation_success, published_at is not null,"

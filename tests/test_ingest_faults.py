@@ -136,8 +136,8 @@ def test_a_retention_gap_is_recorded_as_data_loss_not_skipped(isolated: Isolated
     assert rows(isolated, "a", "select next_offset >= %s from consumer_offsets"
                                " where kafka_partition = 0", low) == [(True,)]
     # Nothing of the gap is in the ledger; the rest of the day is.
-    assert rows(isolated, "a", "select count(*) from trades where kafka_partition = 0"
-                               " and kafka_offset >= %s and kafka_offset < %s", stored, low) == [(0,)]
+    assert rows(isolated, "a", "select count(*) from trades where kafka_partition = 0 and"
+                               " kafka_offset >= %s and kafka_offset < %s", stored, low) == [(0,)]
     with connect(s.ledger_dsn("a")) as conn:
         def loss(day: str) -> list[tuple[Any, ...]]:
             return conn.execute(q("ledger", "data_loss_for_day"),

@@ -15,7 +15,7 @@ from settlement.eod.pipeline import run_eod
 from settlement.eod.sources import NoSource, choose_source
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 from tests.conftest import Isolated
-from tests.helpers import start_site, wait_exit
+from tests.helpers import published_positions, start_site, wait_exit
 
 pytestmark = pytest.mark.services
 DATE = "2026-11-25"
@@ -177,22 +177,11 @@ def test_falls_back_when_the_close_markers_are_not_in_kafka(settled_day: Isolate
         choose_source(s, DATE, requested="kafka", timeout=5)
 
 
-def _published_bytes(dsn: str) -> tuple[bytes, int | None]:
-    with connect(dsn) as conn:
-        with conn.cursor().copy(
-            "copy (select * from positions where trade_date = %s order by account, symbol)"
-            " to stdout", (DATE,)) as copy:
-            data = b"".join(bytes(chunk) for chunk in copy)
-        row = conn.execute("select run_id from published_days where trade_date = %s",
-                           (DATE,)).fetchone()
-    return data, None if row is None else row[0]
-
-
 def test_only_validated_results_are_published(settled_day: Isolated) -> None:
     s = settled_day.settings
     good = run_eod(s, DATE, source="db")
     assert good["published"] and good["validation_success"]
-    before = _published_bytes(s.settlement_dsn)
+    before = published_positions(s.settlement_dsn, DATE)
     assert before == (before[0], good["run_id"]) and before[0]
 
     # The ledger loses a trade: the rerun fails validation and publishes nothing.
@@ -203,7 +192,7 @@ def test_only_validated_results_are_published(settled_day: Isolated) -> None:
     bad = run_eod(s, DATE, source="db")
     assert bad["validation_success"] is False and not bad["published"]
     assert bad["status"] == "failed" and "not published" in bad["publication"]
-    assert _published_bytes(s.settlement_dsn) == before  # byte for byte, same run
+    assert published_positions(s.settlement_dsn, DATE) == before  # byte for byte, same run
     runs = _table(s.settlement_dsn, "select run_id, status, published_at is not null, error"
                   " from settlement_runs where trade_date = %s order by run_id")
     assert [(r[1], r[2]) for r in runs] == [("succeeded", True), ("failed", False)]
@@ -217,7 +206,7 @@ def test_only_validated_results_are_published(settled_day: Isolated) -> None:
     forced = run_eod(s, DATE, source="db", accept_incomplete=why)
     assert forced["published"] and forced["validation_success"] is False
     assert forced["status"] == "succeeded" and forced["accepted_incomplete"] == why
-    after, run_id = _published_bytes(s.settlement_dsn)
+    after, run_id = published_positions(s.settlement_dsn, DATE)
     assert run_id == forced["run_id"] and after != before[0]
     recorded = _table(s.settlement_dsn, "select accepted_incomplete from settlement_runs"
                       f" where run_id = {forced['run_id']} and trade_date = %s")

@@ -5,8 +5,9 @@ A test builds a whole day (the read, the settled day, the ledgers, the positions
 markers) from rows, the way a run derives them, changes one thing, and runs the suites that
 see a frame which differs from the good day's (found from the suites' own assets and
 queries, so a suite that is not run cannot have seen the change): a short run that still
-shows the whole verdict. Two tests run everything. docs/operations.md ("Validation checks")
-lists each check with the test that shows it failing; a test below keeps that table true.
+shows the whole verdict. The good day and the late trade run every suite.
+docs/operations.md ("Validation checks") lists each check with the test that shows it
+failing; a test below keeps that table true.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Great Expectations validation of a settlement run: no trade lost, none duplicated.
 
 ``validate_frames`` is the core (Spark frames in, verdict out); ``validation.day`` hands it
-the frames a real run holds (the day it read and settled, the ledgers, the positions) and
-records the verdict in ``settlement_runs``.
+the frames a real run holds (the read as it came in, the day it settled, the ledgers, the
+positions) and records the verdict in ``settlement_runs``. Which check runs on which frame,
+and why: ``validation.suites``.
 """
 
 from __future__ import annotations

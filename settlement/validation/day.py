@@ -56,11 +56,12 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
         spark, trade_date=trade_date, partitions=choice.partitions or settings.partitions,
+        as_read=read.as_read if read.as_read is not None else read.trades,
         settlement_trades=trades, close_markers=read.close_markers or choice.close_markers(),
         positions=None if positions is None
         else spark.createDataFrame(positions, POSITIONS_SCHEMA),
         ledger=ledger, kafka=trades if choice.source == "kafka" else None,
-        ledger_a=ledger_a, ledger_b=ledger_b, settled_trades=settled_trades, skip=skip,
+        ledger_a=ledger_a, ledger_b=ledger_b, unique_ids=read.unique_ids, skip=skip,
     )
 
 

@@ -14,12 +14,15 @@ proves nothing and only makes the verdict look stronger than it is, so:
   is proven by its close markers and sequence numbers): it is another day's trade that no
   settlement includes, e.g. one of the day before that arrived after its close marker (the
   sites dead-letter it as ``late``: bad data never stops the line). So that check is a
-  warning: it names the trades in the verdict and the report and does not fail the run.
+  warning: it names the trades in the verdict's warnings and does not fail the run.
 - **Completeness on the settled day** (``settlement_trades``: the day the netting used):
   every partition closed, sequence numbers 1..last_seq all present, none beyond the close
   marker, one trade per (partition, seq).
 - **Reconciliation** of the settled day with the ledger (Kafka-sourced runs) and of the two
-  site ledgers with each other (separate scheme).
+  site ledgers with each other (separate scheme). The ledger's own completeness is not a
+  suite: a ledger-sourced day is the settled day, and on a Kafka-sourced run any gap or
+  extra seq in the ledger is also a difference from Kafka (named by trade id) or a gap in
+  the settled day, so such a check could never fail alone.
 - **Invariants on the positions**, with the trade count taken from the read (distinct trade
   ids of the run's date), not from the settlement's own count, and volume and notional from
   the settled day: a netting step that drops or mangles a trade fails here.
