@@ -142,8 +142,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         outcome = None
         if validate:
             outcome = _timed(result.timings, "validate", lambda: validate_day(
-                settings, spark, trade_date, choice, read, settled.trades, result.positions,
-                result.trades))
+                settings, spark, trade_date, choice, read, settled.trades, result.positions))
         pub = decide_publication(outcome, accept_incomplete)
         if pub.published:
             _timed(result.timings, "publish", lambda: publish(
@@ -210,7 +209,7 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
     try:
         n = trades.count()
         outcome = validate_day(settings, spark, trade_date, choice, read, trades,
-                               stored_positions(settings, trade_date) or None, n)
+                               stored_positions(settings, trade_date) or None)
     finally:
         trades.unpersist()
         read.release()

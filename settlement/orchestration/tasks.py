@@ -129,11 +129,14 @@ def run_outcome(settings: Settings, trade_date: str) -> dict[str, Any]:
     if run["report_path"] is None:
         raise RuntimeError(f"run {run['run_id']} for {trade_date} wrote no report "
                            f"(status {run['status']}: {run['error']})")
-    failures = [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
-                for f in run["validation"].get("failures", [])]
+    def lines(kind: str) -> list[str]:
+        return [f"{f['suite']}: {f['name']} {f['examples'][:3]}"
+                for f in run["validation"].get(kind, [])]
+
     return {k: run[k] for k in ("run_id", "trade_date", "source", "source_reason", "trades",
                                 "validation_success", "report_path", "published",
-                                "accepted_incomplete")} | {"failures": failures}
+                                "accepted_incomplete")} | {"failures": lines("failures"),
+                                                           "warnings": lines("warnings")}
 
 
 def publish_report(outcome: dict[str, Any]) -> str:
@@ -145,6 +148,8 @@ def publish_report(outcome: dict[str, Any]) -> str:
     path = outcome["report_path"]
     print(f"audit report for {outcome['trade_date']} (run {outcome['run_id']}): {path}")
     print(f"source: {outcome['source']} -- {outcome['source_reason']}")
+    for warning in outcome.get("warnings", []):
+        print(f"WARNING (does not block publication): {warning}")
     if outcome["validation_success"]:
         return path
     failures = "; ".join(outcome["failures"])

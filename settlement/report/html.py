@@ -123,6 +123,12 @@ def render_html(f: dict[str, Any]) -> str:
                           [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],
                             "; ".join(str(x) for x in c["examples"][:5])]
                            for c in v["failures"]]))
+    if v.get("warnings"):
+        out.append("<h3>Warnings (do not block publication)</h3>")
+        out.append(_table(["suite", "check", "observed", "examples"],
+                          [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],
+                            "; ".join(str(x) for x in c["examples"][:5])]
+                           for c in v["warnings"]]))
     out.append(f'<p class="muted">{v["checks"]} checks run, {len(v["passed"])} passed. '
                "Not applicable: " + (", ".join(f"{k} ({r})" for k, r in v["skipped"].items())
                                      or "none") + "</p>")

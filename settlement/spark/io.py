@@ -63,7 +63,7 @@ class DayRead:
     # Every trade the read returned, of any date, before any dedupe: what validation checks
     # the date filter and the dedupe against (the same frame as ``trades`` for a ledger,
     # which is read by date).
-    as_read: DataFrame | None = None
+    as_read: DataFrame
     cached: list[DataFrame] = field(default_factory=list)
     # trade_id is already unique (one ledger: a unique constraint), so no dedupe pass.
     unique_ids: bool = False
@@ -114,8 +114,8 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     malformed = parsed.malformed.count()
     closes = {int(r["kafka_partition"]): int(r["last_seq"])
               for r in _on_date(parsed.closes, trade_date).collect()}
-    return DayRead(_on_date(parsed.trades, trade_date), malformed, closes,
-                   as_read=parsed.trades, cached=[classified])
+    return DayRead(_on_date(parsed.trades, trade_date), malformed, closes, parsed.trades,
+                   cached=[classified])
 
 
 def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,
@@ -151,6 +151,5 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
         out = out.unionByName(other)
     if len(parts) > 1:  # only a union can hold a trade twice; dedupe then reads it twice
         out = out.persist()
-        return DayRead(out, 0, closes, as_read=out, cached=[out], unique_ids=False,
-                       ledgers=frames)
-    return DayRead(out, 0, closes, as_read=out, unique_ids=True, ledgers=frames)
+        return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames)
+    return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames)

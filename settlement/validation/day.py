@@ -30,7 +30,7 @@ def _ledger_frame(spark: SparkSession, settings: Settings, choice: SourceChoice,
 
 def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
-                 positions: list[Position] | None, settled_trades: int) -> ValidationOutcome:
+                 positions: list[Position] | None) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     positions."""
@@ -56,7 +56,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
         spark, trade_date=trade_date, partitions=choice.partitions or settings.partitions,
-        as_read=read.as_read if read.as_read is not None else read.trades,
+        as_read=read.as_read,
         settlement_trades=trades, close_markers=read.close_markers or choice.close_markers(),
         positions=None if positions is None
         else spark.createDataFrame(positions, POSITIONS_SCHEMA),
