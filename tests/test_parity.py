@@ -36,6 +36,12 @@ from pyspark.sql import functions as F
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement import contract as C
 from settlement.db import q
+from settlement.simulator.gateway import (
+    MALFORMED_KINDS,
+    DayGenerator,
+    SimulationSpec,
+    malformed_message,
+)
 from settlement.spark.parse import classify_kafka_values
 from tests.spark_fixtures import spark  # noqa: F401
 
@@ -491,8 +497,18 @@ CORPUS: list[tuple[Msg | bytes | None, str, str]] = [
 ]
 
 
+def gateway_malformed() -> list[tuple[Msg | bytes | None, str, str]]:
+    """Every kind of bad message the simulated exchange gateway injects ('oversized' is about
+    the configured size limit, which ``padded`` probes at this test's limit)."""
+    rng = random.Random(7)
+    trade_ = next(iter(DayGenerator(SimulationSpec("2026-11-23", 10), 6).trades()))
+    return [(Msg(malformed_message(kind, trade_, rng), TYPE_TRADE, trade_.partition), D,
+             f"the gateway's {kind} message") for kind in MALFORMED_KINDS if kind != "oversized"]
+
+
 def corpus_messages() -> list[tuple[Msg, str, str]]:
-    return [(m if isinstance(m, Msg) else Msg(m), want, note) for m, want, note in CORPUS]
+    return [(m if isinstance(m, Msg) else Msg(m), want, note)
+            for m, want, note in [*CORPUS, *gateway_malformed()]]
 
 
 def test_corpus_verdicts_agree(spark: SparkSession) -> None:  # noqa: F811
@@ -661,14 +677,64 @@ class Builder:
         return [("trade_date", self.text(self.pick("valid_date"))),
                 ("partition", str(partition)), ("last_seq", str(self.pick("valid_seq")))]
 
+    def near_miss(self, key: str) -> str:
+        """A valid value of this field changed just enough to probe one rule's edge (the
+        result may still be valid: the edge is the point)."""
+        r, p = self.r, self.pick
+        limits = {f.name: f.max_length for f in C.TEXT_FIELDS}
+        ints = {f.name: f for f in (*C.INT_FIELDS, C.CLOSE_PARTITION, C.CLOSE_LAST_SEQ)}
+        if key in limits:
+            n = limits[key]
+            s = p("valid_text")
+            return self.text(r.choice([
+                "", s[:1] * n, (s * n)[: n + 1], s + r.choice(NASTY), r.choice(NASTY) + s,
+                s.upper(), s + "\U0001f600" * (n - len(s)), s + "\U0001f600" * (n + 1 - len(s)),
+            ]))
+        if key == "trade_date":
+            d = p("valid_date")
+            return self.text(r.choice([
+                d[:8] + r.choice(["29", "30", "31", "00", "32"]), d[:5] + r.choice(["00", "13"])
+                + d[7:], r.choice(["1999", "2100", "2000", "2099"]) + d[4:], d.replace("-", ""),
+                d + r.choice(["\n", " ", "T00:00:00", "Z"]), d[:5] + d[5:].replace("0", "", 1),
+            ]))
+        if key == "executed_at":
+            t = p("valid_timestamp")
+            base, zone = (t[:-1], "Z") if t.endswith("Z") else (t[:-6], t[-6:])
+            return self.text(r.choice([
+                base, base + "z", base + zone.replace(":", ""), base + zone[:3],
+                base.replace("T", " ") + zone, base[:17] + "60" + base[19:] + zone,
+                base[:11] + "24" + base[13:] + zone, base + ("" if "." in base else ".")
+                + "1234567"[: 7 - len(base.partition(".")[2])] + zone,
+                base + r.choice(["+15:00", "-15:00", "+14:60", "+14:59", "-00:00"]),
+                base[:8] + r.choice(["29", "30", "31"]) + base[10:] + zone, t + "\n",
+            ]))
+        if key == "price":
+            v = p("valid_price")
+            i, _, f = v.partition(".")
+            return self.text(r.choice([
+                "0" + v, "00" + v, v + "0" * (5 - len(f)) if f else v + ".00000", "-" + v,
+                "+" + v, " " + v, v + "e0", "." + (f or "5"), i + ".", i + "0" * 14,
+                "0." + "0" * len(f or "0"), f"{v}\n", "0", v.replace(".", ","),
+            ]))
+        if key in ints:
+            f = ints[key]
+            return r.choice([str(f.minimum - 1), str(f.minimum), str(f.maximum),
+                             str(f.maximum + 1), str(2**63), "-0", f"{f.minimum}.0", "1e2",
+                             "true", f'"{f.minimum}"', "null"])
+        return self.pick("json")
+
     def adversarial_value(self, key: str) -> str:
-        """A wrong token for this field: another kind of value, or the right kind broken."""
+        """A wrong token for this field: the right kind at a rule's edge, the right kind
+        broken, or another kind of value."""
         r = self.r
         own = {"trade_id": "text", "symbol": "text", "buyer": "text", "seller": "text",
                "trade_date": "date", "executed_at": "timestamp", "price": "price"}.get(key)
-        if own and r.random() < 0.6:
+        roll = r.random()
+        if roll < 0.5:
+            return self.near_miss(key)
+        if own and roll < 0.8:
             return self.text(self.pick(own))
-        if own is None and r.random() < 0.6:
+        if own is None and roll < 0.8:
             return self.pick("int")
         kind = r.choice(["text", "date", "timestamp", "price"])
         return r.choice([self.text(self.pick(kind)), self.pick("int"), self.pick("json")])
@@ -747,7 +813,11 @@ class Builder:
             pairs = self.valid_close(partition) if is_close else self.valid_trade()
             headers = TYPE_CLOSE if is_close else r.choice([TYPE_TRADE] * 4 + [None, ()])
             lead = trail = ""
-            if r.random() < 0.55:
+            roll = r.random()
+            if roll < 0.25:  # one field at the edge of its rule, the rest valid
+                i = r.randrange(len(pairs))
+                pairs[i] = (pairs[i][0], self.near_miss(pairs[i][0]))
+            elif roll < 0.6:
                 pairs, lead, trail = self.mutate(pairs)
             value = self.render(pairs, lead, trail)
             if r.random() < 0.05:
@@ -814,6 +884,7 @@ def store_and_read_back(dsn: str, msgs: Sequence[Msg], verdicts: Sequence[Verdic
             trades.setdefault(values[0], values)  # a repeated trade_id: the first one stays
         elif kind == X:
             markers.setdefault(values[:2], (*values, offset))
+    assert trades and markers
     columns = ", ".join(C.LEDGER_COLUMNS)
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute(q("ingest", "create_stage"))

@@ -1,4 +1,5 @@
-"""Message validation: every malformed kind has a reason; valid trades become COPY lines."""
+"""Message validation: every malformed kind has a reason; valid trades become COPY lines.
+That the Spark reader agrees with this parser is tests/test_parity.py's business."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import random
 import pytest
 
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
-from settlement.simulator.gateway import MALFORMED_KINDS, DayGenerator, SimulationSpec, malformed_message
+from settlement.contract import MAX_DEPTH, MAX_NUMBER_LENGTH, MAX_QUANTITY, MAX_SEQ
+from settlement.simulator.gateway import (
+    MALFORMED_KINDS,
+    DayGenerator,
+    SimulationSpec,
+    malformed_message,
+)
 
 GOOD = {
     "trade_id": "T1", "trade_date": "2026-11-23", "seq": 1, "symbol": "AAPL",
@@ -28,35 +35,50 @@ def test_valid_trade_becomes_a_copy_line() -> None:
     ]
 
 
-def test_copy_special_characters_are_escaped() -> None:
-    line = _line({**GOOD, "buyer": "A\tB\\C\nD"})
-    assert "A\\tB\\\\C\\nD" in line
+def test_a_backslash_is_escaped_for_copy() -> None:
+    # Control characters (tab, newline: COPY's delimiters) never get this far.
+    line = _line({**GOOD, "buyer": "A\\B\\\\C", "trade_id": "\\N"})
+    assert line.split("\t")[0] == "\\\\N" and line.split("\t")[8] == "A\\\\B\\\\\\\\C"
     assert line.count("\t") == 11 and line.count("\n") == 1
 
 
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"quantity": -5}, "quantity must be positive"),
-        ({"quantity": 0}, "quantity must be positive"),
+        ({"quantity": -5}, "quantity must be in \\[1, "),
+        ({"quantity": 0}, "quantity must be in \\[1, "),
+        ({"quantity": MAX_QUANTITY + 1}, "quantity must be in"),
         ({"quantity": "5"}, "quantity must be an integer"),
         ({"quantity": True}, "quantity must be an integer"),
+        ({"quantity": 10.0}, "quantity must be an integer"),
+        ({"seq": 0}, "seq must be in \\[1, "),
+        ({"seq": MAX_SEQ + 1}, "seq must be in"),
+        ({"seq": 2**63}, "seq must be in"),
         ({"price": 1.5}, "price must be a decimal string"),
         ({"price": "abc"}, "price must be a positive decimal"),
         ({"price": "-1"}, "price must be a positive decimal"),
         ({"price": "NaN"}, "price must be a positive decimal"),
         ({"price": "1E+3"}, "price must be a positive decimal"),
-        ({"price": "1.00001"}, "at most 14 integer digits and 4 decimal places"),
+        ({"price": "007.5"}, "no leading zeros"),
+        ({"price": "1.00001"}, "at most 4 decimal places"),
         ({"price": "123456789012345"}, "at most 14 integer digits"),
-        ({"price": "0.0000"}, "price must be positive"),
-        ({"buyer": "A\u0000B"}, "must not contain NUL"),
+        ({"price": "0.0000"}, "price must be a positive decimal"),
+        ({"buyer": "A\u0000B"}, "must not contain control characters"),
+        ({"symbol": "A\tB"}, "must not contain control characters"),
+        ({"seller": "B\x85"}, "must not contain control characters"),
         ({"seller": "ACC0001"}, "buyer equals seller"),
         ({"trade_date": "2026-02-30"}, "unknown trade_date"),
+        ({"trade_date": "2100-01-01"}, "unknown trade_date"),
+        ({"trade_date": "2026-W48-1"}, "unknown trade_date"),
         ({"trade_date": 20261123}, "trade_date must be a YYYY-MM-DD string"),
         ({"executed_at": "yesterday"}, "executed_at is not ISO-8601"),
-        ({"executed_at": "2026-11-23T14:30:00"}, "no time zone"),
-        ({"seq": 0}, "seq must be positive"),
-        ({"trade_id": ""}, "trade_id must be a non-empty string"),
+        ({"executed_at": "2026-11-23T14:30:00"}, "with seconds and a zone"),
+        ({"executed_at": "2026-11-23T23:59:60Z"}, "executed_at is not ISO-8601"),
+        ({"executed_at": "2026-11-23T14:30:00+15:00"}, "executed_at is not ISO-8601"),
+        ({"executed_at": "2026-02-30T14:30:00Z"}, "executed_at is not ISO-8601"),
+        ({"trade_id": ""}, "trade_id must be a string of 1 to 64 characters"),
+        ({"trade_id": "T" * 65}, "trade_id must be a string of 1 to 64 characters"),
+        ({"symbol": 7}, "symbol must be a string"),
     ],
 )
 def test_invalid_fields_are_named(change: dict, reason: str) -> None:
@@ -71,6 +93,9 @@ def test_missing_field_is_named(field: str) -> None:
         _line(obj)
 
 
+TRADE = json.dumps(GOOD).encode()
+
+
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
@@ -79,11 +104,27 @@ def test_missing_field_is_named(field: str) -> None:
         (b'{"trade_id": ', "invalid JSON"),
         (b"[1, 2]", "expected a JSON object"),
         (b"x" * 20000, "oversized"),
+        (TRADE + b"{}", "invalid JSON"),  # trailing bytes
+        (TRADE[:-1] + b', "seq": 2}', "duplicate key 'seq'"),
+        (TRADE[:-1] + b', "x": {"a": 1, "a": 1}}', "duplicate key 'a'"),
+        (TRADE[:-1] + b', "x": "\\ud800"}', "invalid JSON"),  # a lone surrogate
+        (TRADE[:-1] + b', "x": 1e400}', "invalid JSON"),  # infinite as a double
+        (TRADE[:-1] + b', "x": ' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}", "nested deeper"),
+        (TRADE[:-1] + b', "x": 0.' + b"0" * MAX_NUMBER_LENGTH + b"}", "number longer"),
     ],
 )
 def test_undecodable_messages(raw: bytes | None, reason: str) -> None:
     with pytest.raises(Malformed, match=reason):
         decode(raw, 16384)
+
+
+def test_json_within_the_limits_decodes() -> None:
+    nested = TRADE[:-1] + b', "x": ' + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"}"
+    assert decode(nested, 16384)["trade_id"] == "T1"
+    escaped = TRADE.replace(b'"T1"', b'"\\u0054\\ud83d\\ude00"')
+    assert decode(escaped, 16384)["trade_id"] == "T\U0001f600"
+    same_key_apart = TRADE[:-1] + b', "x": [{"a": 1}, {"a": 2}]}'
+    assert decode(same_key_apart, 16384)["x"] == [{"a": 1}, {"a": 2}]
 
 
 def test_every_gateway_malformed_kind_is_rejected() -> None:
@@ -102,9 +143,18 @@ def test_close_marker_checks_its_partition() -> None:
         close_marker(obj, 4)
     with pytest.raises(Malformed, match="missing field 'last_seq'"):
         close_marker({"trade_date": "2026-11-23", "partition": 3}, 3)
+    with pytest.raises(Malformed, match="last_seq must be in"):
+        close_marker({**obj, "last_seq": -1}, 3)
+    with pytest.raises(Malformed, match="partition must be an integer"):
+        close_marker({**obj, "partition": True}, 1)
 
 
 def test_message_type_header() -> None:
     assert message_type([("type", b"close")]) == "close"
     assert message_type([("type", b"trade")]) == "trade"
     assert message_type(None) == "trade"
+    assert message_type([]) == "trade"
+    assert message_type([("other", b"x")]) == "trade"
+    # A type header that is null or anything but trade/close: the caller dead-letters it.
+    assert message_type([("type", None)]) == ""
+    assert message_type([("type", b"heartbeat"), ("type", b"trade")]) == "heartbeat"

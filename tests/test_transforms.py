@@ -4,7 +4,6 @@ against an independent computation in plain Python with Decimal."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import random
 import re
 from collections import defaultdict
@@ -32,10 +31,6 @@ spark = spark_fixtures.spark
 DAY = dt.date(2024, 3, 15)
 OTHER_DAY = dt.date(2024, 3, 14)
 UTC = dt.UTC
-RAW_SCHEMA = (
-    "key binary, value binary, partition int, offset long, "
-    "headers array<struct<key:string,value:binary>>"
-)
 
 
 def trade(
@@ -261,88 +256,6 @@ def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
     assert row["volume"] == 27561
     assert row["vwap"] == d("36.6615835020")
     assert str(row["vwap"]) == "36.6615835020"
-
-
-# -- Kafka values ---------------------------------------------------------------------------
-
-
-GOOD = {
-    "trade_id": "T-1",
-    "trade_date": "2024-03-15",
-    "seq": 1,
-    "symbol": "XAU",
-    "price": "98765432109876.5432",
-    "quantity": 3,
-    "buyer": "A",
-    "seller": "B",
-    "executed_at": "2024-03-15T09:30:00.123456Z",
-}
-
-
-def message(value: Any, offset: int, kind: str | None = "trade", partition: int = 0) -> tuple:
-    raw = value if isinstance(value, bytes | None) else json.dumps(value).encode()
-    headers = [("type", kind.encode())] if kind else None
-    return (b"XAU", raw, partition, offset, headers)
-
-
-OVERSIZED = {**GOOD, "pad": "x" * 300}
-MALFORMED = {
-    1: (b'{"trade_id": "T-2", "seq": ', "invalid JSON"),
-    2: (b"not json", "invalid JSON"),
-    3: (b"{'trade_id': 'T-3'}", "invalid JSON"),
-    4: (b'{"trade_id": "\xff\xfe"}', "invalid UTF-8"),
-    5: (None, "empty value"),
-    6: ({**GOOD, "price": 12.5}, "field price is not a string"),  # a float never gets in
-    7: ({**GOOD, "quantity": "3"}, "field quantity is not an integer"),
-    8: ({**GOOD, "quantity": 2.5}, "field quantity is not an integer"),
-    9: ({k: v for k, v in GOOD.items() if k != "buyer"}, "missing field buyer"),
-    10: ({**GOOD, "seller": "A"}, "buyer equals seller"),
-    11: ({**GOOD, "quantity": -4}, "quantity must be > 0"),
-    12: ({**GOOD, "price": "0.0000"}, "price must be > 0"),
-    13: ({**GOOD, "price": "-1.5"}, "price must be > 0"),
-    14: ({**GOOD, "price": "1.23456"}, "price does not fit numeric(18,4)"),
-    15: ({**GOOD, "price": "1,234.5"}, "price is not a decimal string"),
-    16: ({**GOOD, "trade_date": "2024-02-30"}, "invalid trade_date"),
-    17: ({**GOOD, "executed_at": 1710495000}, "field executed_at is not a string"),
-    18: ({**GOOD, "trade_id": 17}, "field trade_id is not a string"),
-    19: ({**GOOD, "seq": 0}, "seq must be > 0"),
-    20: ({**GOOD, "symbol": ""}, "empty symbol"),
-    21: (OVERSIZED, f"oversized: {len(json.dumps(OVERSIZED))} bytes > 400"),
-}
-
-
-def test_parse_kafka_values(spark: SparkSession) -> None:
-    rows = [message(GOOD, 0)]
-    rows += [message(value, offset) for offset, (value, _) in MALFORMED.items()]
-    rows += [
-        # No type header: a trade, with a UTC offset that is converted.
-        message({**GOOD, "trade_id": "T-9", "executed_at": "2024-03-15T11:30:00+02:00"}, 30, None),
-        message({"trade_date": "2024-03-15", "partition": 0, "last_seq": 1}, 31, "close"),
-        message({"trade_date": "2024-03-15", "partition": 4, "last_seq": 1}, 32, "close"),
-        message(GOOD, 33, "heartbeat"),
-    ]
-    parsed = T.parse_kafka_values(spark.createDataFrame(rows, RAW_SCHEMA), max_value_bytes=400)
-
-    at = dt.datetime(2024, 3, 15, 9, 30, tzinfo=UTC)
-    price = d("98765432109876.5432")
-    same(
-        parsed.trades,
-        frame(
-            spark,
-            [
-                ("T-1", DAY, 1, 0, 0, "XAU", price, 3, "A", "B", at.replace(microsecond=123456)),
-                ("T-9", DAY, 1, 0, 30, "XAU", price, 3, "A", "B", at),
-            ],
-            S.TRADE_SCHEMA,
-        ),
-    )
-    same(parsed.closes, frame(spark, [(DAY, 0, 31, 1)], S.CLOSE_MARKERS_SCHEMA))
-    reasons = {r["kafka_offset"]: r["reason"] for r in parsed.malformed.collect()}
-    expected = {offset: reason for offset, (_, reason) in MALFORMED.items()}
-    expected[32] = "close marker for partition 4 arrived on partition 0"
-    expected[33] = "unknown message type heartbeat"
-    assert reasons == expected
-    assert parsed.malformed.schema == S.MALFORMED_SCHEMA
 
 
 # -- a random day against plain Python -------------------------------------------------------

@@ -2,9 +2,7 @@
 
 ``lost``: committed in Kafka, missing from the ledger. ``duplicated``: a trade id or a
 Kafka offset applied twice. ``unexpected``: in the ledger but not a committed message at
-that offset (e.g. read from an aborted transaction). A malformed message, or a trade that
-came after its day's close marker on its partition (late), must be a dead letter instead.
-Used by tests and failover drills.
+that offset (e.g. read from an aborted transaction). Used by tests and failover drills.
 """
 
 from __future__ import annotations
@@ -29,10 +27,6 @@ class KafkaDay:
     trades: dict[tuple[int, int], str] = field(default_factory=dict)
     malformed: set[tuple[int, int]] = field(default_factory=set)
     close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
-    # (partition, offset) -> trade_id of valid trades of the date after its close marker on
-    # their partition: the sites dead-letter them as late
-    late: dict[tuple[int, int], str] = field(default_factory=dict)
-    close_offsets: dict[int, int] = field(default_factory=dict)  # partition -> first marker
 
     @property
     def trade_ids(self) -> set[str]:
@@ -93,18 +87,13 @@ def _classify(day: KafkaDay, m: Any, p: int, off: int, max_bytes: int) -> None:
             cm = close_marker(obj, p)
             if cm.trade_date == day.trade_date:
                 day.close_markers[p] = cm.last_seq
-                day.close_offsets.setdefault(p, off)
             return
         trade_copy_line(obj, p, off, "checker")
     except Malformed:
         day.malformed.add((p, off))
         return
     if obj["trade_date"] == day.trade_date:
-        # A partition is read in offset order, so a marker seen before is at a lower offset.
-        if p in day.close_offsets:
-            day.late[(p, off)] = str(obj["trade_id"])
-        else:
-            day.trades[(p, off)] = str(obj["trade_id"])
+        day.trades[(p, off)] = str(obj["trade_id"])
 
 
 @dataclass
@@ -157,6 +146,6 @@ def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
         lost=lost,
         duplicated=duplicated,
         unexpected=unexpected,
-        missing_dead_letters=sorted((day.malformed | set(day.late)) - dead_offsets),
+        missing_dead_letters=sorted(day.malformed - dead_offsets),
         dead_letters_without_reason=sum(1 for *_, r in dead if not r),
     )

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import Any
 
 from settlement.config import Settings
-from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS, TRANSACTIONAL_ID
+from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS, TRADE_ID, TRANSACTIONAL_ID
 from settlement.kafka.admin import topic_partitions
 
 SESSION_OPEN = dt.time(13, 30)  # 09:30 New York, in UTC
@@ -34,6 +34,11 @@ MALFORMED_KINDS = (
     "buyer_equals_seller",
     "unknown_date",
     "oversized",
+    "control_char",
+    "overlong_id",
+    "bigint_overflow",
+    "duplicate_key",
+    "trailing_bytes",
 )
 TICKERS = (
     "AAPL MSFT NVDA AMZN GOOG META TSLA BRK JPM V UNH XOM JNJ WMT MA PG HD CVX MRK ABBV "
@@ -199,6 +204,16 @@ def malformed_message(kind: str, trade: Trade, rng: random.Random) -> bytes:
         good["trade_date"] = "2026-02-30"
     elif kind == "oversized":
         good["padding"] = "x" * 70_000
+    elif kind == "control_char":  # would break the sites' COPY line; PostgreSQL refuses NUL
+        good["symbol"] = good["symbol"][:1] + rng.choice("\n\t\x00\x85") + good["symbol"][1:]
+    elif kind == "overlong_id":
+        good["trade_id"] = good["trade_id"].ljust(TRADE_ID.max_length + 1, "X")
+    elif kind == "bigint_overflow":
+        good["seq"] = 2**63
+    elif kind == "duplicate_key":  # which of the two would a reader take?
+        return json.dumps(good).encode()[:-1] + f', "quantity": {trade.quantity + 1}}}'.encode()
+    elif kind == "trailing_bytes":  # a reader that stops after the object would miss it
+        return json.dumps(good).encode() + b' {"seq": 1}'
     return json.dumps(good).encode()
 
 

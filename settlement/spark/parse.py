@@ -144,13 +144,20 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) ->
         F.when(kind == TRADE, F.from_json(text, _TRADE_JSON, _JSON_OPTIONS)).alias("_t"),
         F.when(kind == CLOSE, F.from_json(text, _CLOSE_JSON, _JSON_OPTIONS)).alias("_c"),
     )
-    staged = staged.withColumn("_fast", _fast_path())
+    t, c = F.col("_t"), F.col("_c")
+    staged = staged.withColumns({
+        "_fast": _fast_path(),
+        # Typed once, for the checks and the output.
+        "trade_date": t["trade_date"].try_cast(DateType()),
+        "price": t["price"].try_cast(PRICE),
+        "executed_at": t["executed_at"].try_cast(TimestampType()),
+        "_close_date": c["trade_date"].try_cast(DateType()),
+    })
     # Parsed once, and only for values the fast path cannot vouch for.
     slow = ~F.col("_fast") & F.col("_kind").isin(TRADE, CLOSE)
     staged = staged.withColumn("_v", F.when(slow, F.try_parse_json(F.col("_text"))))
     staged = staged.withColumn("_bad_json", F.when(slow, _json_violation()))
     classified = staged.withColumn("reason", _first_failure(_checks(max_value_bytes)))
-    t, c = F.col("_t"), F.col("_c")
     return classified.select(
         "kafka_partition",
         "kafka_offset",
@@ -158,15 +165,15 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) ->
         "_kind",
         F.when(F.col("reason").isNotNull(), F.col("raw")).alias("raw"),
         t["trade_id"].alias("trade_id"),
-        t["trade_date"].try_cast(DateType()).alias("trade_date"),
+        "trade_date",
         t["seq"].alias("seq"),
         t["symbol"].alias("symbol"),
-        t["price"].try_cast(PRICE).alias("price"),
+        "price",
         t["quantity"].alias("quantity"),
         t["buyer"].alias("buyer"),
         t["seller"].alias("seller"),
-        t["executed_at"].try_cast(TimestampType()).alias("executed_at"),
-        c["trade_date"].try_cast(DateType()).alias("_close_date"),
+        "executed_at",
+        "_close_date",
         c[CLOSE_LAST_SEQ.name].alias("_last_seq"),
     )
 
@@ -201,33 +208,34 @@ def _message_type(raw: DataFrame) -> Column:
 
 
 def _flat_object(quotes: int) -> str:
-    """A JSON object with no backslash, no '[', no '}' but its last character, and exactly
-    ``quotes`` quote characters.
+    """A value with no backslash, no '[', no '}' but its last non-blank character, and
+    exactly ``quotes`` quote characters.
 
-    Without backslashes every quote delimits a string. Say such a value parses with all n
-    expected fields non-NULL, k of which are strings and the others integers (Spark's reader
-    yields NULL for anything else there), and has at most n ``"key":`` pairs. Then it has
-    exactly the n expected keys (a repeated or an extra key would add a pair); every value
-    is a scalar (there is no '[', and no '}' before the last character); nothing follows the
-    closing brace; and with ``quotes == 2 * (n + k)`` exactly k values are strings, which
-    must be the k string fields: a number or a boolean read into a string field (which
-    Spark would render as its text, "5") is impossible.
+    Say such a value parses with all n expected fields non-NULL, k of which are strings and
+    the others integers (Spark's reader yields NULL for anything else there), and has n
+    top-level keys, repetitions included. Then it has exactly the expected keys; without
+    backslashes there is no escape (no lone surrogate) and every quote delimits a string;
+    every value is a scalar (no '[', no '}' before the last one), so numbers appear only in
+    the integer fields and nothing follows the closing brace; and with
+    ``quotes == 2 * (n + k)`` exactly k values are strings, which must be the k string
+    fields: a number or a boolean read into a string field (which Spark renders as its text,
+    "5") is impossible.
     """
     other = r'[^"\\\[}]*+'
-    return rf"^{_WS}*\{{{other}(?:\"{other}){{{quotes}}}\}}{_WS}*\z"
+    return rf"^{other}(?:\"{other}){{{quotes}}}\}}{_WS}*\z"
 
 
 _TRADE_SHAPE = _flat_object(2 * (len(TRADE_FIELDS) + len(STRING_FIELDS)))
 _CLOSE_SHAPE = _flat_object(2 * (len(CLOSE_FIELDS) + len(_CLOSE_STRINGS)))
-_KEY = f'"{_WS}*:'  # the end of a key (or a string value starting with ':', never fewer)
 
 
 def _fast_path() -> Column:
     """True when the value is certainly JSON the contract accepts with every field present
-    and of its JSON type; see ``_flat_object``. False says nothing."""
+    and of its JSON type; see ``_flat_object``. False says nothing. Costs one regex and a
+    scan of the top-level keys (Spark's JSON reader skips the values; repeated keys count)."""
     text, kind = F.col("_text"), F.col("_kind")
     t, c = F.col("_t"), F.col("_c")
-    keys = F.regexp_count(text, F.lit(_KEY))
+    keys = F.size(F.json_object_keys(text))
     trade = (
         text.rlike(_TRADE_SHAPE)
         & reduce(lambda a, b: a & b, [t[f].isNotNull() for f in TRADE_FIELDS])
@@ -303,7 +311,8 @@ def _checks(max_value_bytes: int | None) -> list[tuple[Column, Column | str]]:
     checks += [(is_close & c[f].isNull(), f"close marker: {f} missing or of the wrong type")
                for f in CLOSE_FIELDS]
     checks += [
-        (is_close & _bad_date(c["trade_date"]), "close marker: invalid trade_date"),
+        (is_close & _bad_date(c["trade_date"], F.col("_close_date")),
+         "close marker: invalid trade_date"),
         (
             is_close & ~part.between(CLOSE_PARTITION.minimum, CLOSE_PARTITION.maximum),
             "close marker: partition out of range",
@@ -345,13 +354,10 @@ def _checks(max_value_bytes: int | None) -> list[tuple[Column, Column | str]]:
     checks += [
         (is_trade & ~texts.rlike(_PRINTABLE), "text fields must not contain control characters"),
         (is_trade & (t["buyer"] == t["seller"]), "buyer equals seller"),
-        (is_trade & _bad_date(t["trade_date"]), "invalid trade_date"),
+        (is_trade & _bad_date(t["trade_date"], F.col("trade_date")), "invalid trade_date"),
         (
             is_trade
-            & (
-                ~t["executed_at"].rlike(_EXECUTED_AT)
-                | t["executed_at"].try_cast(TimestampType()).isNull()
-            ),
+            & (~t["executed_at"].rlike(_EXECUTED_AT) | F.col("executed_at").isNull()),
             "invalid executed_at",
         ),
         (
@@ -369,8 +375,8 @@ def _checks(max_value_bytes: int | None) -> list[tuple[Column, Column | str]]:
     return checks
 
 
-def _bad_date(col: Column) -> Column:
-    return ~col.rlike(_DATE) | col.try_cast(DateType()).isNull()
+def _bad_date(text: Column, typed: Column) -> Column:
+    return ~text.rlike(_DATE) | typed.isNull()
 
 
 def _first_failure(checks: list[tuple[Column, Column | str]]) -> Column:
