@@ -5,22 +5,42 @@ together, so the database alone says how far a site got (seed 000: the offset is
 atomically with the message). Offsets are compare-and-set: a batch is applied only if every
 partition's stored position is still the one this site last read or wrote, which fences a
 paused "zombie" site whose partitions were meanwhile taken over.
+
+Bad data never stops the line. A batch the database refuses for a data reason (a value it
+cannot read or store, a constraint, a limit) is applied again with every step in savepoints,
+halving the refused chunks until the offending messages are found; they become dead letters
+with the database's message as the reason, and the rest commits with the offsets. The clean
+path stays one COPY per batch: narrowing down only happens after a refusal. Any other error
+(connection lost, serialization failure, a lock or statement timeout) leaves the batch
+uncommitted for the site to retry.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from settlement.contract import STAGE_COLUMNS
 from settlement.db import q
 
+log = logging.getLogger("settle.ledger")
+
 BEGINNING = -1  # stored next_offset meaning "from the start of the partition"
 # The parser's COPY lines carry these columns, in this order (settlement.contract).
 _COPY_STAGE = f"copy trades_stage ({', '.join(STAGE_COLUMNS)}) from stdin"
+# SQLSTATE classes the data itself causes: the same rows fail the same way on every retry.
+# 22 data exception (a value PostgreSQL cannot read or store), 23 integrity constraint
+# violation (a CHECK or NOT NULL; the trade_id dedupe path never raises one), 54 program
+# limit exceeded (e.g. a key too long for a btree index).
+PERMANENT_CLASSES = frozenset({"22", "23", "54"})
+MAX_REASON = 2_000  # characters of a dead letter's reason that are kept
+
+T = TypeVar("T")
 
 
 class Fenced(RuntimeError):
@@ -31,13 +51,29 @@ class Fenced(RuntimeError):
         self.stored = stored
 
 
+class Refused(Exception):
+    """A refusal found on our side (COPY read another number of rows than it was sent)."""
+
+
+class KafkaMessage(Protocol):
+    """What a dead letter needs of a consumed message (confluent_kafka.Message)."""
+
+    def value(self) -> bytes | None: ...
+    def partition(self) -> int: ...
+    def offset(self) -> int: ...
+
+
 @dataclass
 class Batch:
-    """What one poll produced, already parsed (see consumers/parse.py)."""
+    """What one poll produced, already parsed (see consumers/parse.py).
+
+    ``trade_messages[i]`` is the message ``copy_lines[i]`` came from: a reference per trade,
+    read only to dead-letter a line the database refuses or that arrived late."""
 
     copy_lines: list[str] = field(default_factory=list)
+    trade_messages: list[KafkaMessage] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
-    close_markers: list[dict[str, Any]] = field(default_factory=list)
+    close_markers: list[dict[str, Any]] = field(default_factory=list)  # with the raw value
     next_offsets: dict[int, int] = field(default_factory=dict)  # partition -> last offset + 1
     messages: int = 0
 
@@ -46,14 +82,88 @@ class Batch:
 class BatchResult:
     inserted: int
     duplicates: int
-    dead_letters: int
+    dead_letters: int  # all dead letters written, late and refused ones included
     close_markers: int
-    seconds: float
+    late: int = 0  # trades after their day's close marker on their partition
+    refused: int = 0  # messages the database refused (data errors), dead-lettered
+    seconds: float = 0.0
+
+
+def is_permanent(e: BaseException) -> bool:
+    """True for errors the data causes (retrying the same rows cannot succeed)."""
+    if isinstance(e, Refused):
+        return True
+    if not isinstance(e, psycopg.Error):
+        return False
+    if e.sqlstate:
+        return e.sqlstate[:2] in PERMANENT_CLASSES
+    # Refused before it reached the server (e.g. NUL in a text parameter).
+    return isinstance(e, psycopg.DataError | psycopg.IntegrityError)
+
+
+def clean_reason(text: str) -> str:
+    """A reason PostgreSQL text can hold (no NUL), of bounded length."""
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+def db_reason(e: BaseException, what: str = "refused by the database") -> str:
+    if isinstance(e, psycopg.Error):
+        diag = e.diag
+        msg = f"{what} ({e.sqlstate or 'client'}): {diag.message_primary or str(e).strip()}"
+        if diag.message_detail:
+            msg += f"; {diag.message_detail}"
+        if diag.context:
+            msg += f" [{diag.context.splitlines()[0]}]"
+    else:
+        msg = f"{what}: {e}"
+    return clean_reason(msg)
+
+
+def bisect(conn: psycopg.Connection, items: Sequence[T], apply: Callable[[Sequence[T]], int]
+           ) -> tuple[int, list[tuple[T, str]]]:
+    """Apply ``items`` in order, each attempt inside a savepoint; a chunk refused for a data
+    reason is halved until the refused items stand alone. Returns the sum of what ``apply``
+    returned for the chunks that were applied, and each refused item with the reason.
+
+    k bad items among n cost about 2k·log2(n/k) attempts; other errors propagate. Must run
+    inside an open transaction."""
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    applied = 0
+    refused: list[tuple[T, str]] = []
+
+    def attempt(chunk: Sequence[T]) -> None:
+        nonlocal applied
+        if not chunk:
+            return
+        try:
+            with conn.transaction():  # a savepoint: a refusal undoes this chunk only
+                n = apply(chunk)
+        except (psycopg.Error, Refused) as e:
+            if not is_permanent(e):
+                raise
+            if len(chunk) == 1:
+                refused.append((chunk[0], db_reason(e)))
+                return
+            mid = len(chunk) // 2
+            attempt(chunk[:mid])
+            attempt(chunk[mid:])
+            return
+        applied += n
+
+    attempt(items)
+    return applied, refused
 
 
 class Ledger:
-    def __init__(self, dsn: str, *, site: str, scheme: str, group: str, topic: str):
+    def __init__(self, dsn: str, *, site: str, scheme: str, group: str, topic: str,
+                 role: str = "writer", lock_timeout_ms: int = 2_000,
+                 statement_timeout_ms: int = 30_000, idle_timeout_ms: int = 5_000):
         self.dsn, self.site, self.scheme, self.group, self.topic = dsn, site, scheme, group, topic
+        self.role = role
+        self.timeouts = {"lock_timeout": lock_timeout_ms,
+                         "statement_timeout": statement_timeout_ms,
+                         "idle_in_transaction_session_timeout": idle_timeout_ms}
         self.conn: psycopg.Connection | None = None
 
     def _params(self, **kw: Any) -> dict[str, Any]:
@@ -61,10 +171,15 @@ class Ledger:
 
     def connect(self) -> None:
         self.close()
-        conn = psycopg.connect(self.dsn, connect_timeout=5, autocommit=False)
-        # A site frozen inside a batch (SIGSTOP, a GC pause, a hung VM) would hold the
-        # offset row locks and stall its successor; the server ends such a session instead.
-        conn.execute("set idle_in_transaction_session_timeout = '5s'")
+        conn = psycopg.connect(self.dsn, connect_timeout=5, autocommit=False,
+                               application_name=f"settle-site-{self.site}-{self.role}")
+        # Every wait is bounded, so a site frozen inside a batch (SIGSTOP, a GC pause, a hung
+        # VM) cannot stall its successor: the server ends a session idle inside a transaction
+        # (which frees the offset row locks), a lock wait gives up (the batch is retried) and
+        # a statement is cancelled. No timeout ends a session waiting for COPY data, which is
+        # why write() sends its COPY before it locks anything another site could wait for.
+        for name, ms in self.timeouts.items():
+            conn.execute("select set_config(%s, %s, false)", (name, f"{ms}ms"))
         conn.execute(q("ingest", "create_stage"))
         conn.commit()
         self.conn = conn
@@ -91,63 +206,190 @@ class Ledger:
             rows = conn.execute(q("ingest", "read_offsets"), self._params(partitions=partitions))
             return {int(p): int(o) for p, o in rows}
 
-    def write(self, batch: Batch, expected: dict[int, int]) -> BatchResult:
+    def positions(self, partitions: list[int]) -> dict[int, tuple[int, str]]:
+        """Stored next offsets and the site that stored each, read only (partitions never
+        consumed are absent)."""
+        conn = self.c
+        with conn.transaction():
+            rows = conn.execute(q("ingest", "read_positions"),
+                                self._params(partitions=partitions))
+            return {int(p): (int(o), str(site)) for p, o, site in rows}
+
+    def skip_gap(self, partition: int, expected: int, log_start: int) -> None:
+        """Retention deleted [expected, log_start) unread: record the data loss and move the
+        stored position to the log start, in one transaction (compare-and-set like a batch,
+        so the event is recorded once even if two sites find the same gap)."""
+        conn = self.c
+        with conn.transaction():
+            row = conn.execute(q("ingest", "lock_offset"),
+                               self._params(partition=partition)).fetchone()
+            stored = int(row[0]) if row else BEGINNING
+            if stored != expected:
+                raise Fenced({partition: stored})
+            conn.execute(q("ingest", "insert_data_loss"), self._params(
+                partition=partition, from_offset=expected, to_offset=log_start))
+            conn.execute(q("ingest", "move_offset"), self._params(
+                partition=partition, next_offset=log_start))
+
+    def write(self, batch: Batch, expected: dict[int, int],
+              before_commit: Callable[[], None] | None = None) -> BatchResult:
         """Apply one batch atomically; raises Fenced if the offsets moved under us."""
         t0 = time.perf_counter()
         conn = self.c
-        parts = sorted(batch.next_offsets)
         try:
-            with conn.cursor() as cur:
-                stored = {
-                    int(p): int(o)
-                    for p, o in cur.execute(
-                        q("ingest", "lock_offsets"), self._params(partitions=parts)
-                    )
-                }
-                moved = {p: stored.get(p, BEGINNING) for p in parts
-                         if stored.get(p, BEGINNING) != expected.get(p)}
-                if moved:
-                    raise Fenced(moved)
-                inserted = 0
-                if batch.copy_lines:
-                    with cur.copy(_COPY_STAGE) as copy:
-                        copy.write("".join(batch.copy_lines))
-                    cur.execute(q("ingest", "insert_staged"))
-                    inserted = cur.rowcount
-                if batch.dead_letters:
-                    cur.executemany(
-                        q("ingest", "insert_dead_letter"),
-                        [self._params(**d) for d in batch.dead_letters],
-                    )
-                if batch.close_markers:
-                    cur.executemany(
-                        q("ingest", "insert_close_marker"),
-                        [self._params(**m) for m in batch.close_markers],
-                    )
-                cur.execute(
-                    q("ingest", "store_offsets"),
-                    self._params(partitions=parts,
-                                 next_offsets=[batch.next_offsets[p] for p in parts]),
-                )
-                duplicates = len(batch.copy_lines) - inserted
-                seconds = time.perf_counter() - t0
-                cur.execute(
-                    q("ingest", "insert_batch"),
-                    self._params(
-                        messages=batch.messages, inserted=inserted, duplicates=duplicates,
-                        dead_letters=len(batch.dead_letters),
-                        close_markers=len(batch.close_markers), partitions=parts,
-                        duration_ms=round(seconds * 1000, 3),
-                    ),
-                )
+            try:
+                res = self._apply(conn, batch, expected, careful=False)
+            except (psycopg.Error, Refused) as e:
+                if not is_permanent(e):
+                    raise
+                log.warning("site %s: the ledger refused a batch of %d messages (%s); narrowing "
+                            "it down to the offending messages", self.site, batch.messages,
+                            db_reason(e)[:300])
+                conn.rollback()
+                # Open the transaction first: the savepoints of the careful path live in it
+                # (a transaction() block on an idle connection would commit on its own).
+                conn.execute("select 1")
+                res = self._apply(conn, batch, expected, careful=True)
+            if before_commit is not None:
+                before_commit()
             conn.commit()
         except BaseException:
             if not conn.closed:
-                conn.rollback()
+                try:
+                    conn.rollback()
+                except psycopg.Error:
+                    self.close()  # the session is gone (e.g. ended by a server timeout)
             raise
-        return BatchResult(inserted, duplicates, len(batch.dead_letters),
-                           len(batch.close_markers), time.perf_counter() - t0)
+        return BatchResult(res.inserted, res.duplicates, res.dead_letters, res.close_markers,
+                           res.late, res.refused, time.perf_counter() - t0)
 
+    # -- one batch: the clean path, or the careful one after a refusal ---------------------------
+    def _apply(self, conn: psycopg.Connection, batch: Batch, expected: dict[int, int],
+               careful: bool) -> BatchResult:
+        t0 = time.perf_counter()
+        parts = sorted(batch.next_offsets)
+        lines, msgs = batch.copy_lines, batch.trade_messages
+        dead: list[dict[str, Any]] = [self._dead(**d) for d in batch.dead_letters]
+        refused = 0
+        with conn.cursor() as cur:
+            # 1. The trades go into this session's staging table before any shared row is
+            # locked: a site frozen while sending COPY data blocks nobody.
+            staged = list(range(len(lines)))
+            if lines and careful:
+                _, bad = bisect(conn, staged, lambda ix: self._copy(cur, [lines[i] for i in ix]))
+                dead += [self._dead_message(msgs[i], reason) for i, reason in bad]
+                refused += len(bad)
+                gone = {i for i, _ in bad}
+                staged = [i for i in staged if i not in gone]
+            elif lines:
+                self._copy(cur, lines)
+            # 2. Compare-and-set on the stored offsets (row locks until commit).
+            self._check_offsets(cur, parts, expected)
+            # 3. Close markers before trades: a marker earlier in this batch closes its day for
+            # the trades after it (step 4).
+            markers = [self._params(**m) for m in batch.close_markers]
+            if markers and careful:
+                n_markers, bad_m = bisect(conn, markers, lambda ms: self._markers(cur, ms))
+                dead += [self._dead(partition=m["partition"], offset=m["offset"], raw=m["raw"],
+                                    reason=f"close marker {reason}") for m, reason in bad_m]
+                refused += len(bad_m)
+            elif markers:
+                n_markers = self._markers(cur, markers)
+            else:
+                n_markers = 0
+            # 4. Late trades: their day had closed on their partition before they arrived.
+            late: list[tuple[int, int]] = []
+            if staged:
+                late_rows = cur.execute(q("ingest", "late_staged")).fetchall()
+                if late_rows:
+                    by_pos = _positions(msgs, staged)
+                    for p, off, day, close_off in late_rows:
+                        late.append((int(p), int(off)))
+                        dead.append(self._dead_message(
+                            by_pos[(p, off)],
+                            f"late: trade_date {day.isoformat()} closed on partition {p} at "
+                            f"offset {close_off}", trade_date=day))
+                    cur.execute(q("ingest", "drop_staged"), {
+                        "partitions": [p for p, _ in late], "offsets": [o for _, o in late]})
+            # 5. Staged trades into the ledger; a replayed trade_id is a duplicate, not an error.
+            n_staged = len(staged) - len(late)
+            if careful and n_staged:
+                gone_pos = set(late)
+                keys = [pos for pos in ((msgs[i].partition(), msgs[i].offset()) for i in staged)
+                        if pos not in gone_pos]
+                inserted, bad_t = bisect(conn, keys, lambda ks: self._insert_subset(cur, ks))
+                by_pos = _positions(msgs, staged)
+                dead += [self._dead_message(by_pos[pos], reason) for pos, reason in bad_t]
+                refused += len(bad_t)
+                n_staged -= len(bad_t)
+            elif n_staged:
+                cur.execute(q("ingest", "insert_staged"))
+                inserted = cur.rowcount
+            else:
+                inserted = 0
+            # 6. Dead letters (those of the parser, the late and the refused ones).
+            if dead and careful:
+                _, bad_d = bisect(conn, dead, lambda ds: self._dead_letters(cur, ds))
+                # Only the reason can be refused (raw is bytea): keep the message anyway.
+                self._dead_letters(cur, [
+                    {**d, "trade_date": None,
+                     "reason": clean_reason(f"dead letter {reason}; original reason "
+                                            f"{d['reason'][:200]!r}")} for d, reason in bad_d])
+            elif dead:
+                self._dead_letters(cur, dead)
+            # 7. The offsets and the batch's row, in the same transaction.
+            cur.execute(q("ingest", "store_offsets"), self._params(
+                partitions=parts, next_offsets=[batch.next_offsets[p] for p in parts]))
+            duplicates = n_staged - inserted
+            cur.execute(q("ingest", "insert_batch"), self._params(
+                messages=batch.messages, inserted=inserted, duplicates=duplicates,
+                dead_letters=len(dead), close_markers=n_markers, partitions=parts,
+                duration_ms=round((time.perf_counter() - t0) * 1000, 3)))
+        return BatchResult(inserted, duplicates, len(dead), n_markers, len(late), refused)
+
+    def _copy(self, cur: psycopg.Cursor[Any], lines: Sequence[str]) -> int:
+        with cur.copy(_COPY_STAGE) as copy:
+            copy.write("".join(lines))
+        # A line that is not exactly one row (an end-of-data marker, a stray newline) must not
+        # make COPY drop or invent rows silently.
+        if cur.rowcount != len(lines):
+            raise Refused(f"COPY read {cur.rowcount} rows from {len(lines)} lines")
+        return len(lines)
+
+    def _check_offsets(self, cur: psycopg.Cursor[Any], parts: list[int],
+                       expected: dict[int, int]) -> None:
+        stored = {int(p): int(o) for p, o in cur.execute(
+            q("ingest", "lock_offsets"), self._params(partitions=parts))}
+        moved = {p: stored.get(p, BEGINNING) for p in parts
+                 if stored.get(p, BEGINNING) != expected.get(p)}
+        if moved:
+            raise Fenced(moved)
+
+    def _markers(self, cur: psycopg.Cursor[Any], markers: Sequence[dict[str, Any]]) -> int:
+        cur.executemany(q("ingest", "insert_close_marker"), markers)
+        return len(markers)
+
+    def _insert_subset(self, cur: psycopg.Cursor[Any], keys: Sequence[tuple[int, int]]) -> int:
+        cur.execute(q("ingest", "insert_staged_subset"), {
+            "partitions": [p for p, _ in keys], "offsets": [o for _, o in keys]})
+        return cur.rowcount
+
+    def _dead_letters(self, cur: psycopg.Cursor[Any], dead: Sequence[dict[str, Any]]) -> int:
+        if dead:
+            cur.executemany(q("ingest", "insert_dead_letter"), dead)
+        return len(dead)
+
+    def _dead(self, *, partition: int, offset: int, raw: bytes, reason: str,
+              trade_date: Any = None) -> dict[str, Any]:
+        return self._params(partition=partition, offset=offset, raw=raw,
+                            reason=clean_reason(reason), trade_date=trade_date)
+
+    def _dead_message(self, m: KafkaMessage, reason: str, trade_date: Any = None
+                      ) -> dict[str, Any]:
+        return self._dead(partition=m.partition(), offset=m.offset(), raw=m.value() or b"",
+                          reason=reason, trade_date=trade_date)
+
+    # -- the site's other statements -------------------------------------------------------------
     def heartbeat(self, partitions: list[int], trades_total: int) -> None:
         conn = self.c
         conn.execute(q("ingest", "heartbeat"), self._params(
@@ -166,3 +408,8 @@ class Ledger:
         row = conn.execute(q("ingest", "closed_partitions"), {"trade_date": day}).fetchone()
         conn.commit()
         return day, bool(row and row[0] >= partitions)
+
+
+def _positions(msgs: list[KafkaMessage], indexes: list[int]) -> dict[tuple[int, int], Any]:
+    """(partition, offset) -> message, for the staged lines (built only off the clean path)."""
+    return {(msgs[i].partition(), msgs[i].offset()): msgs[i] for i in indexes}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +27,16 @@ from settlement.contract import TRADE_HEADERS, group_id
 from settlement.kafka.admin import topic_partitions
 
 log = logging.getLogger("settle.site")
+FAILPOINTS = ("after_db_commit", "before_db_commit")
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The batch handed to the writer thread, what it expects stored, and its outcome."""
+
+    batch: Batch
+    expected: dict[int, int]
+    future: Future[BatchResult]
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,12 @@ def consumer_config(settings: Settings, site: str, scheme: str) -> dict[str, Any
         # Positions live in the ledger; Kafka's committed offsets are informational only.
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
+        # Every partition is assigned at an explicit position: the ledger's stored offset, or
+        # OFFSET_BEGINNING ("earliest") for one never consumed. So the reset policy only acts
+        # when a stored position is out of range, i.e. retention deleted what we had not read
+        # yet: "error" hands that to the site, which records the data loss (never a silent
+        # skip to the log start, which is what "earliest" would do).
+        "auto.offset.reset": "error",
         # Fast failover in the shared scheme: a dead site is noticed after the session
         # timeout (6 s by default here, Kafka's own default is 45 s), heartbeats every 1 s.
         "session.timeout.ms": settings.session_timeout_ms,
@@ -73,24 +89,33 @@ class Site:
 
         self.settings, self.opts = settings, opts
         self.topic = settings.topic
-        ledger_args = {
+        ledger_args: dict[str, Any] = {
             "dsn": settings.ledger_dsn(settings.site_ledger(opts.site, opts.scheme)),
             "site": opts.site, "scheme": opts.scheme,
             "group": group_id(opts.site, opts.scheme), "topic": self.topic,
+            "lock_timeout_ms": settings.ledger_lock_timeout_ms,
+            "statement_timeout_ms": settings.ledger_statement_timeout_ms,
+            "idle_timeout_ms": settings.ledger_idle_timeout_ms,
         }
-        self.ledger = Ledger(**ledger_args)  # batches and positions (writer thread)
-        self.aux = Ledger(**ledger_args)  # heartbeats and close checks (main thread)
+        # batches and positions (writer thread); heartbeats and close checks (main thread)
+        self.ledger = Ledger(**ledger_args, role="writer")
+        self.aux = Ledger(**ledger_args, role="aux")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ledger-{opts.site}")
-        self.pending: tuple[Batch, Future[BatchResult]] | None = None
+        self.pending: InFlight | None = None
         self.consumer = Consumer(consumer_config(settings, opts.site, opts.scheme))
         # partition -> stored next offset after the batches handed to the writer (the
         # compare-and-set value the next batch expects)
         self.expected: dict[int, int] = {}
         self.needs_resync = False
+        # After a write error: not before this (monotonic) time, and the batch whose outcome
+        # the ledger's offsets will tell (partition -> the offset it expected stored).
+        self.retry_at = 0.0
+        self.failures = 0
+        self.unknown: dict[int, int] = {}
         self.stop = False
         self.stats = {"messages": 0, "inserted": 0, "duplicates": 0, "dead_letters": 0,
-                      "close_markers": 0, "batches": 0, "fenced": 0, "db_errors": 0,
-                      "rebalances": 0}
+                      "late": 0, "refused": 0, "close_markers": 0, "batches": 0, "fenced": 0,
+                      "db_errors": 0, "data_loss_events": 0, "rebalances": 0}
         self.partition_count = 0
         self.failpoint = _failpoint()
 
@@ -116,6 +141,9 @@ class Site:
             self.expected[tp.partition] = off
             tp.offset = OFFSET_BEGINNING if off == BEGINNING else off
         consumer.assign(partitions)
+        # librdkafka keeps a partition's pause across assignments: one paused after a ledger
+        # error before it was revoked would stay paused now that it is ours again.
+        consumer.resume(partitions)
         log.info("site %s assigned %s at %s", self.opts.site, ids,
                  {p: self.expected[p] for p in ids})
 
@@ -136,17 +164,15 @@ class Site:
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         last_beat = last_close_check = 0.0
         closed, day = False, opts.trade_date
-        backoff = 0.5
         try:
             while not self.stop:
                 if deadline and time.monotonic() > deadline:
                     break
-                if self.needs_resync and not self._resync():
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    self.consumer.consume(num_messages=1, timeout=0.1)  # serve callbacks
+                if self.needs_resync and (time.monotonic() < self.retry_at
+                                          or not self._resync()):
+                    # Serve callbacks; whatever this returns is re-read after the resync.
+                    self.consumer.consume(num_messages=1, timeout=0.1)
                     continue
-                backoff = 0.5
                 msgs = self.consumer.consume(num_messages=self.settings.batch_size,
                                              timeout=0.5)
                 batch = self._parse(msgs)
@@ -167,6 +193,10 @@ class Site:
             try:
                 self._drain()
                 self.consumer.close()  # leave the group now: the other site takes over at once
+                try:  # a batch that failed just before we stopped: say whether it was stale
+                    self._settle_unknown()
+                except psycopg.Error:
+                    pass
             finally:
                 self.writer.shutdown(wait=True)
                 self.ledger.close()
@@ -188,12 +218,20 @@ class Site:
         batch = Batch()
         expected, next_offsets = self.expected, batch.next_offsets
         add_line, add_dead = batch.copy_lines.append, batch.dead_letters.append
+        add_msg = batch.trade_messages.append
         site, max_bytes = self.opts.site, self.settings.max_message_bytes
         n = 0
         for m in msgs:
             err = m.error()
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    # Our position is outside the log: retention deleted it unread. The
+                    # resync records the gap and moves on from the log start.
+                    log.error("site %s: partition %s offset %s is no longer in the log: %s",
+                              site, m.partition(), m.offset(), err)
+                    self.needs_resync = True
+                    self.retry_at = time.monotonic() + 1.0
+                elif err.code() != KafkaError._PARTITION_EOF:
                     log.warning("site %s: kafka: %s", site, err)
                 continue
             p = m.partition()
@@ -209,10 +247,12 @@ class Site:
                 kind = "trade" if headers == TRADE_HEADERS else message_type(headers)
                 if kind == "trade":
                     add_line(trade_copy_line(obj, p, off, site))
+                    add_msg(m)
                 elif kind == "close":
                     cm = close_marker(obj, p)
                     batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
-                                                "last_seq": cm.last_seq, "offset": off})
+                                                "last_seq": cm.last_seq, "offset": off,
+                                                "raw": raw})
                 else:
                     raise Malformed(f"unknown message type header {kind!r}")
             except Malformed as e:
@@ -222,12 +262,25 @@ class Site:
 
     def _submit(self, batch: Batch) -> None:
         expected = {p: self.expected[p] for p in batch.next_offsets}
-        self.pending = (batch, self.writer.submit(self._write, batch, expected))
+        self.pending = InFlight(batch, expected, self.writer.submit(self._write, batch, expected))
         self.expected.update(batch.next_offsets)  # what the next batch will find stored
 
     def _write(self, batch: Batch, expected: dict[int, int]) -> BatchResult:
-        res = self.ledger.write(batch, expected)
-        if self.failpoint == ("after_db_commit", self.stats["batches"] + 1):
+        n = self.stats["batches"] + 1
+        freeze = None
+        if self.failpoint == ("before_db_commit", n):
+            # Freeze the whole site inside the transaction, offset rows locked (SIGCONT
+            # resumes it): what a GC pause or a hung VM does at the worst moment.
+            def freeze() -> None:
+                self.failpoint = None  # once: the batch is retried after the resync
+                log.warning("site %s: failpoint before_db_commit:%d: stopping", self.opts.site, n)
+                # To this thread: it takes the stop itself before it returns (a process-wide
+                # kill may be taken by another thread while this one commits).
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+                log.warning("site %s: resumed, committing batch %d", self.opts.site, n)
+
+        res = self.ledger.write(batch, expected, before_commit=freeze)
+        if self.failpoint == ("after_db_commit", n):
             os.kill(os.getpid(), signal.SIGKILL)  # crash between the ledger commit and the rest
         return res
 
@@ -237,7 +290,8 @@ class Site:
 
         if self.pending is None:
             return
-        batch, fut = self.pending
+        batch, fut = self.pending.batch, self.pending.future
+        expected = self.pending.expected
         self.pending = None
         try:
             res = fut.result()
@@ -249,20 +303,33 @@ class Site:
             self.needs_resync = True
             return
         except psycopg.Error as e:
-            # The outcome of the commit is unknown; the ledger's offsets will tell.
+            # A transient error (connection lost, serialization failure, a lock or statement
+            # timeout, the session ended while we were frozen): the batch did not commit, or
+            # its outcome is unknown; the ledger's offsets will tell. Retried with backoff.
             self.stats["db_errors"] += 1
-            log.warning("site %s: ledger error, pausing: %s", self.opts.site, e)
+            self.failures += 1
+            delay = min(0.25 * 2 ** self.failures, 5.0)
+            self.retry_at = time.monotonic() + delay
+            log.warning("site %s: ledger error, pausing %.1fs: %s", self.opts.site, delay,
+                        str(e).strip())
             self.ledger.close()
             self._pause_all()
+            self.unknown = dict(expected)
             self.needs_resync = True
             return
+        self.failures = 0
         st = self.stats
         st["batches"] += 1
         st["messages"] += batch.messages
         st["inserted"] += res.inserted
         st["duplicates"] += res.duplicates
         st["dead_letters"] += res.dead_letters
+        st["late"] += res.late
+        st["refused"] += res.refused
         st["close_markers"] += res.close_markers
+        if res.late or res.refused:
+            log.warning("site %s: dead-lettered %d late trades and %d messages the ledger "
+                        "refused", self.opts.site, res.late, res.refused)
         try:  # informational: lets Kafka tooling show the group's lag
             self.consumer.commit(
                 offsets=[TopicPartition(self.topic, p, o) for p, o in batch.next_offsets.items()],
@@ -276,30 +343,83 @@ class Site:
             self.consumer.pause(assigned)
 
     def _resync(self) -> bool:
-        """After a ledger error or fencing: seek every owned partition to the stored offset."""
+        """After a ledger error, fencing or a position outside the log: read the stored
+        offsets, record any retention gap, and restart every owned partition there."""
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-        assigned = self.consumer.assignment()
-        ids = [tp.partition for tp in assigned]
+        ids = [tp.partition for tp in self.consumer.assignment()]
         try:
+            self._settle_unknown()
             stored = self.ledger.claim(ids) if ids else {}
-        except psycopg.Error as e:
-            self.stats["db_errors"] += 1
-            log.warning("site %s: ledger still unavailable: %s", self.opts.site, e)
-            self.ledger.close()
+            stored.update(self._skip_gaps(stored))
+        except (psycopg.Error, Fenced) as e:
+            # Fenced: another site moved a gap's partition meanwhile; a rebalance follows.
+            if isinstance(e, psycopg.Error):
+                self.stats["db_errors"] += 1
+                self.ledger.close()
+            self.failures += 1
+            self.retry_at = time.monotonic() + min(0.25 * 2 ** self.failures, 5.0)
+            log.warning("site %s: cannot resynchronise yet: %s", self.opts.site, str(e).strip())
             return False
-        self._pause_all()
-        self.expected = {}
-        for p in ids:
-            off = stored.get(p, BEGINNING)
-            self.expected[p] = off
-            self.consumer.seek(TopicPartition(
-                self.topic, p, OFFSET_BEGINNING if off == BEGINNING else off))
-        if assigned:
-            self.consumer.resume(assigned)
+        self.expected = {p: stored.get(p, BEGINNING) for p in ids}
+        # assign(), not seek(): a partition whose fetch stopped at an out-of-range position
+        # refuses seek(). The new assignment is the same partitions.
+        tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING if off == BEGINNING else off)
+               for p, off in self.expected.items()]
+        self.consumer.assign(tps)
+        if tps:
+            self.consumer.resume(tps)  # a pause outlives assign(): see _on_assign
         self.needs_resync = False
         log.info("site %s: resynchronised at %s", self.opts.site, stored)
         return True
+
+    def _settle_unknown(self) -> None:
+        """A batch that failed with an unknown outcome was stale if another consumer has
+        since stored positions on its partitions: the ledger refused it, like a fenced
+        batch (in the shared scheme: a frozen site's transaction the server ended)."""
+        if not self.unknown:
+            return
+        stored = self.ledger.positions(sorted(self.unknown))
+        moved = {p: stored[p][0] for p, exp in self.unknown.items()
+                 if p in stored and stored[p][0] != exp and stored[p][1] != self.opts.site}
+        self.unknown = {}
+        if moved:
+            self.stats["fenced"] += 1
+            log.warning("site %s: the failed batch was stale, offsets moved by another "
+                        "consumer to %s", self.opts.site, moved)
+
+    def _skip_gaps(self, stored: dict[int, int]) -> dict[int, int]:
+        """Partitions whose stored position retention has deleted: record the data loss
+        [stored, log start) in the ledger and resume from the log start (a site down longer
+        than the topic's retention). Returns the new positions."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        moved: dict[int, int] = {}
+        for p, off in sorted(stored.items()):
+            if off == BEGINNING:
+                continue  # never consumed: OFFSET_BEGINNING is the log start, whatever it is
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=10)
+            except KafkaException as e:
+                # Unknown now; a position outside the log comes back as a fetch error.
+                log.warning("site %s: no watermarks for partition %d: %s", self.opts.site, p, e)
+                continue
+            if off < low:
+                self.ledger.skip_gap(p, off, low)
+                self.stats["data_loss_events"] += 1
+                log.error("site %s: DATA LOSS on %s partition %d: offsets %d to %d were deleted "
+                          "by retention before this site read them; recorded in "
+                          "data_loss_events, resuming at %d", self.opts.site, self.topic, p,
+                          off, low - 1, low)
+                moved[p] = low
+            elif off > high:
+                # The log ends before our position (a recreated or truncated topic): not a
+                # gap we can name, and not ours to skip. Retried slowly until an operator
+                # repositions the site; the rest of the line keeps going.
+                log.error("site %s: partition %d ends at offset %d, before the stored "
+                          "position %d: was the topic recreated?", self.opts.site, p, high, off)
+        return moved
 
     def _heartbeat(self) -> None:
         try:
@@ -320,14 +440,17 @@ class Site:
 
 
 def _failpoint() -> tuple[str, int] | None:
-    """Fault injection for crash tests: ``SETTLE_FAILPOINT=after_db_commit:N`` SIGKILLs the
-    site right after its N-th batch commits in the ledger, before anything else happens."""
+    """Fault injection for crash tests. ``SETTLE_FAILPOINT=after_db_commit:N`` SIGKILLs the
+    site right after its N-th batch commits in the ledger, before anything else happens;
+    ``before_db_commit:N`` SIGSTOPs it with its N-th batch applied but not committed (offset
+    rows locked), until someone sends SIGCONT."""
     spec = os.environ.get("SETTLE_FAILPOINT")
     if not spec:
         return None
     name, _, n = spec.partition(":")
-    if name != "after_db_commit" or not n.isdigit():
-        raise ValueError(f"SETTLE_FAILPOINT: expected after_db_commit:N, got {spec!r}")
+    if name not in FAILPOINTS or not n.isdigit():
+        raise ValueError(f"SETTLE_FAILPOINT: expected one of {', '.join(FAILPOINTS)} followed "
+                         f"by :N, got {spec!r}")
     return name, int(n)
 
 

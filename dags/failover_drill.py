@@ -3,15 +3,17 @@
 
 Proves, before the bad day, that failover loses nothing. Triggered by hand (optionally
 weekly: set `SETTLE_DRILL_CRON`, e.g. `0 6 * * 6`). One run starts the gateway and both
-consumer sites as real processes in a private namespace, injects one fault at the chosen
-point of a simulated trading day, lets the day finish and checks an independent
-read_committed read of Kafka against the ledgers:
+consumer sites as real processes in a private namespace, injects one fault once site A has
+committed the chosen fraction of its share of a simulated trading day (read from the ledger),
+lets the day finish and checks an independent read_committed read of Kafka against the
+ledgers:
 
 - `lost` (committed in Kafka, missing from a ledger), `duplicated`, `unexpected` (in a
   ledger, not committed in Kafka), `nonmonotonic` (offsets applied out of order);
 - `rto_seconds`: shared scheme, fault to site B's first trade from site A's partitions.
 
-Faults: `kill` (SIGKILL site A), `pause` (SIGSTOP past the session timeout), `db-restart`
+Faults: `kill` (SIGKILL site A), `pause` (SIGSTOP inside a ledger transaction, past the
+session timeout; the stale batch is refused when it wakes), `db-restart`
 (PostgreSQL crash-restart), `broker-kill` (one of three brokers; needs
 `settle services up --brokers 3`). The task output is the verdict; the HTML page's path is
 in the log. A drill that loses or duplicates anything fails the run.
@@ -42,7 +44,8 @@ from airflow.sdk import Param, dag, task
         "trades": Param(20_000, type="integer", minimum=1000, maximum=2_000_000),
         "seed": Param(1, type="integer", minimum=0),
         "at": Param(0.4, type="number", exclusiveMinimum=0, exclusiveMaximum=1,
-                    description="fraction of the trading day at which the fault hits"),
+                    description="inject when site A has committed this fraction "
+                                "of its share of the day"),
     },
 )
 def failover_drill() -> None:

@@ -168,7 +168,16 @@ Each drill runs the gateway and both sites as real processes on the embedded ser
 (three Kafka brokers, PostgreSQL), injects one fault and checks an independent
 read_committed read of Kafka against the ledger(s). RTO: shared scheme, from the fault to site
 B's first trade from site A's partitions; separate scheme, 0 by design (B consumes
-everything); db-restart and broker-kill, from the fault to the first trade ingested after it.
+everything); db-restart and broker-kill, from the fault to the first trade ingested after it
+(for db-restart that includes PostgreSQL's own crash recovery, which depends on the machine's
+load, plus the sites' retry backoff of at most 5 s).
+
+Faults by progress, not by the clock: the fault hits once site A has committed the drill's
+fraction (`at`, the column below) of its share of the day, read from the ledger (its share:
+the day's trades on the partitions it owns, which the deterministic gateway tells in
+advance), so it always finds A working; the drill page notes how far A had got. A campaign
+deals the (fault, scheme) pairs so that its first four drills cover every fault and run the
+failover paths, kill and pause, in the shared scheme.
 
 Why 6 s: a dead site in the shared scheme is noticed when its group session expires.
 Kafka's default `session.timeout.ms` of 45 s would make every takeover take 45 s or more; the
@@ -176,10 +185,17 @@ sites use 6 s with a 1 s heartbeat (`SETTLE_SESSION_TIMEOUT_MS`, `SETTLE_HEARTBE
 the embedded brokers allow down to 1 s), which keeps a takeover near 6 s while tolerating
 several missed heartbeats from a busy site. The eager `roundrobin` assignment hands all of
 the dead site's partitions over in one rebalance, and the survivor seeks to the offsets stored
-in the ledger, so nothing is re-read. A site frozen inside a ledger transaction would hold the
-offset row locks; `idle_in_transaction_session_timeout` (5 s) ends its session so the
-survivor is not blocked, and the compare-and-set on the stored offsets refuses whatever the
-frozen site tries to commit when it wakes (the "fenced batches" column).
+in the ledger, so nothing is re-read.
+
+Frozen sites: the pause drill stops site A (SIGSTOP) while its ledger writer is inside a batch
+transaction, the worst moment. Ledger sessions wait boundedly: `lock_timeout` (2 s) and
+`statement_timeout` (30 s), and `idle_in_transaction_session_timeout` (5 s) ends a frozen
+site's session, which frees the offset row locks before the group even rebalances. No server
+timeout ends a session waiting for COPY data, so a site sends its COPY into its own staging
+table before it locks anything: frozen mid-COPY, it blocks nobody. When A wakes, its stale
+batch is refused, by the compare-and-set on the stored offsets or because the server ended
+its transaction while another site moved those offsets (the "fenced batches" column: at
+least one for a shared-scheme pause).
 
 """
 
@@ -294,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--fault", choices=["kill", "pause", "db-restart", "broker-kill"])
     sp.add_argument("--trades", type=_positive, default=20_000)
     sp.add_argument("--seed", type=_non_negative, default=1)
-    sp.add_argument("--at", type=_rate, default=0.4, help="fraction of the day (0-1)")
+    sp.add_argument("--at", type=_rate, default=0.4,
+                    help="inject when site A has committed this fraction of its share (0-1)")
     sp.add_argument("--runs", type=_positive, default=4, help="campaign: number of drills")
     sp.add_argument("--markdown", default=None, help="campaign: write a Markdown summary")
     sp.add_argument("--keep", action="store_true", help="keep the drill's topic and databases")

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(16_384, ge=256)
     session_timeout_ms: int = Field(6_000, ge=1_000, le=300_000)
     heartbeat_interval_ms: int = Field(1_000, ge=100, le=60_000)
+    # Ledger sessions wait boundedly, so a frozen peer can delay a site but never block it:
+    # a lock wait (the offset rows a paused zombie holds) gives up and is retried, a statement
+    # is cancelled, and a session idle inside a transaction is ended by the server.
+    ledger_lock_timeout_ms: int = Field(2_000, ge=100, le=600_000)
+    ledger_statement_timeout_ms: int = Field(30_000, ge=1_000, le=3_600_000)
+    ledger_idle_timeout_ms: int = Field(5_000, ge=1_000, le=600_000)
 
     # Spark.
     spark_master: str = "local[2]"

@@ -32,6 +32,15 @@ CREATE TABLE public.consumer_offsets (
     site text NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
 );
+CREATE TABLE public.data_loss_events (
+    topic text NOT NULL,
+    kafka_partition integer NOT NULL,
+    from_offset bigint NOT NULL,
+    to_offset bigint NOT NULL,
+    site text NOT NULL,
+    detected_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT data_loss_events_check CHECK ((to_offset > from_offset))
+);
 CREATE TABLE public.dead_letters (
     topic text NOT NULL,
     kafka_partition integer NOT NULL,
@@ -39,7 +48,8 @@ CREATE TABLE public.dead_letters (
     raw bytea NOT NULL,
     reason text NOT NULL,
     site text NOT NULL,
-    received_at timestamp with time zone DEFAULT now() NOT NULL
+    received_at timestamp with time zone DEFAULT now() NOT NULL,
+    trade_date date
 );
 CREATE TABLE public.ingest_batches (
     id bigint NOT NULL,
@@ -198,6 +208,8 @@ ALTER TABLE ONLY public.close_markers
     ADD CONSTRAINT close_markers_pkey PRIMARY KEY (trade_date, kafka_partition);
 ALTER TABLE ONLY public.consumer_offsets
     ADD CONSTRAINT consumer_offsets_pkey PRIMARY KEY (consumer_group, topic, kafka_partition);
+ALTER TABLE ONLY public.data_loss_events
+    ADD CONSTRAINT data_loss_events_pkey PRIMARY KEY (topic, kafka_partition, from_offset);
 ALTER TABLE ONLY public.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
 ALTER TABLE ONLY public.ingest_batches
@@ -220,6 +232,7 @@ ALTER TABLE ONLY public.site_heartbeats
     ADD CONSTRAINT site_heartbeats_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.trades
     ADD CONSTRAINT trades_pkey PRIMARY KEY (trade_id);
+CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);

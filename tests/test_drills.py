@@ -13,16 +13,31 @@ pytestmark = pytest.mark.services
 def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None:
     results = drill.run_campaign(runs=4, seed=7, trades=8000, base=services)
     assert {r.spec["fault"] for r in results} == set(drill.FAULTS)
+    by_pair = {(r.spec["scheme"], r.spec["fault"]): r for r in results}
+    # The failover paths run in the shared scheme: takeover and zombie fencing.
+    assert {("shared", "kill"), ("shared", "pause")} <= set(by_pair)
     s = drill.summary(results)
     assert (s["lost"], s["duplicated"], s["unexpected"], s["nonmonotonic"]) == (0, 0, 0, 0), s
     for r in results:
         assert r.kafka_trades == 8000, r.as_dict()
         assert r.passed, r.as_dict()
         assert r.rto_seconds is not None
-        if r.spec["scheme"] == "shared" and r.spec["fault"] == "kill":
-            assert r.rto_seconds <= drill.RTO_TARGET_SECONDS
+        # Injected by progress: site A had committed part of its share, not none of it.
+        assert "site A had committed" in r.fault_note and "not reached" not in r.fault_note, \
+            r.fault_note
+    assert by_pair[("shared", "kill")].rto_seconds <= drill.RTO_TARGET_SECONDS
+    pause = by_pair[("shared", "pause")]
+    assert "frozen inside a ledger transaction" in pause.fault_note, pause.fault_note
+    assert pause.fenced_batches >= 1, pause.as_dict()  # its stale batch was refused
     md = drill.markdown(results, "pytest")
     assert md.count("| yes |") == 4
+
+
+def test_campaign_plan_puts_failover_faults_in_the_shared_scheme_first() -> None:
+    pairs = drill.campaign_pairs()
+    assert pairs[:4] == [("kill", "shared"), ("pause", "shared"),
+                         ("db-restart", "separate"), ("broker-kill", "separate")]
+    assert sorted(pairs) == sorted((f, sc) for f in drill.FAULTS for sc in drill.SCHEMES)
 
 
 def test_shared_kill_takeover_is_fast(services: Settings) -> None:

@@ -23,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.spark import transforms as T
-from settlement.validation import ValidationOutcome, validate_frames
+from settlement.validation import DATA_LOSS_SCHEMA, ValidationOutcome, validate_frames
 from settlement.validation.run import ensure_project, get_context
 from settlement.validation.suites import all_suites
 from tests.spark_fixtures import spark  # noqa: F401
@@ -56,6 +56,7 @@ TRADES = "trades_day@settlement_trades"
 KAFKA = "reconcile_kafka_ledger@ledger_trades"
 SITES = "reconcile_site_a_b@ledger_b_trades"
 INVARIANTS = "settlement_invariants@positions"
+LOSS = "data_loss@data_loss"
 
 ALL_CHECKS = {
     f"{READ_DATES}: every trade read is of the run's date",
@@ -70,6 +71,7 @@ ALL_CHECKS = {
     f"{SITES}: in ledger_a_day, missing from ledger_b",
     f"{SITES}: in ledger_b, missing from ledger_a_day",
     f"{SITES}: ledger_a_day and ledger_b agree on each trade",
+    f"{LOSS}: no offset of the day was deleted unread",
     f"{INVARIANTS}: net quantity sums to 0 per symbol",
     f"{INVARIANTS}: net cash sums to 0",
     f"{INVARIANTS}: net columns are consistent",
@@ -88,6 +90,7 @@ FRAME_NAMES = {
     "ledger_b": ("ledger_b_trades",),
     "positions": ("positions",),
     "markers": ("close_markers_day",),
+    "data_loss": ("data_loss",),
 }
 
 
@@ -115,6 +118,7 @@ class Day:
     ledger_b: tuple[Row, ...] | None = None
     markers: tuple[tuple[int, int], ...] = tuple(MARKERS.items())
     positions: Any = None  # a function (spark, settled frame) -> positions frame
+    data_loss: tuple[Row, ...] = ()  # retention gaps the sites recorded (DATA_LOSS_SCHEMA)
 
     def frames(self) -> dict[str, Any]:
         settled = list(self.settled) if self.settled is not None else _settle(self.read)
@@ -126,7 +130,8 @@ class Day:
             b = list(self.ledger_b) if self.ledger_b is not None else ledger
             kafka = settled
         return {"as_read": list(self.read), "settled": settled, "kafka": kafka,
-                "ledger": ledger, "ledger_a": a, "ledger_b": b, "markers": dict(self.markers)}
+                "ledger": ledger, "ledger_a": a, "ledger_b": b, "markers": dict(self.markers),
+                "data_loss": list(self.data_loss)}
 
 
 def db_day(rows: list[Row] = GOOD, **kw: Any) -> Day:
@@ -162,6 +167,7 @@ def validate(spark: SparkSession, day: Day, everything: bool = False) -> Validat
         settlement_trades=settled, close_markers=rows["markers"], positions=positions,
         ledger=frame(spark, rows["ledger"]), kafka=settled if rows["kafka"] is not None else None,
         ledger_a=frame(spark, rows["ledger_a"]), ledger_b=frame(spark, rows["ledger_b"]),
+        data_loss=spark.createDataFrame(rows["data_loss"], DATA_LOSS_SCHEMA),
         unique_ids=day.source == "db", only=only)
 
 
@@ -290,6 +296,16 @@ def test_two_trades_at_one_seq_are_named(spark: SparkSession) -> None:  # noqa: 
     rows = fails_alone(spark, db_day([*GOOD, _trade(7, 0, 2, "C", "B")]),
                        f"{TRADES}: one trade per partition and seq")
     assert rows == [{"kafka_partition": 0, "seq": 2, "trades": 2, "trade_ids": "T2, T7"}]
+
+
+def test_a_retention_gap_a_site_recorded_is_named(spark: SparkSession) -> None:  # noqa: F811
+    """The settled day is complete (the other site read everything), yet site A's ledger
+    lost offsets of the day to retention: the gap fails the day, by partition and range."""
+    gap = ("a", 1, 40, 75, "A", "2026-11-23T18:00:00+00:00")
+    rows = fails_alone(spark, Day(data_loss=(gap,)),
+                       f"{LOSS}: no offset of the day was deleted unread")
+    assert rows == [{"ledger": "a", "kafka_partition": 1, "from_offset": 40, "to_offset": 75,
+                     "site": "A", "detected_at": "2026-11-23T18:00:00+00:00"}]
 
 
 # -- Kafka vs the ledger -------------------------------------------------------------------

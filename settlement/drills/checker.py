@@ -2,7 +2,9 @@
 
 ``lost``: committed in Kafka, missing from the ledger. ``duplicated``: a trade id or a
 Kafka offset applied twice. ``unexpected``: in the ledger but not a committed message at
-that offset (e.g. read from an aborted transaction). Used by tests and failover drills.
+that offset (e.g. read from an aborted transaction). A malformed message, or a trade that
+came after its day's close marker on its partition (late), must be a dead letter instead.
+Used by tests and failover drills.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement.config import Settings
-from settlement.db import connect
+from settlement.db import connect, q
 
 
 @dataclass
@@ -27,6 +30,10 @@ class KafkaDay:
     trades: dict[tuple[int, int], str] = field(default_factory=dict)
     malformed: set[tuple[int, int]] = field(default_factory=set)
     close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
+    # (partition, offset) -> trade_id of valid trades of the date after its close marker on
+    # their partition: the sites dead-letter them as late
+    late: dict[tuple[int, int], str] = field(default_factory=dict)
+    close_offsets: dict[int, int] = field(default_factory=dict)  # partition -> first marker
 
     @property
     def trade_ids(self) -> set[str]:
@@ -87,13 +94,18 @@ def _classify(day: KafkaDay, m: Any, p: int, off: int, max_bytes: int) -> None:
             cm = close_marker(obj, p)
             if cm.trade_date == day.trade_date:
                 day.close_markers[p] = cm.last_seq
+                day.close_offsets.setdefault(p, off)
             return
         trade_copy_line(obj, p, off, "checker")
     except Malformed:
         day.malformed.add((p, off))
         return
     if obj["trade_date"] == day.trade_date:
-        day.trades[(p, off)] = str(obj["trade_id"])
+        # A partition is read in offset order, so a marker seen before is at a lower offset.
+        if p in day.close_offsets:
+            day.late[(p, off)] = str(obj["trade_id"])
+        else:
+            day.trades[(p, off)] = str(obj["trade_id"])
 
 
 @dataclass
@@ -146,6 +158,79 @@ def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
         lost=lost,
         duplicated=duplicated,
         unexpected=unexpected,
-        missing_dead_letters=sorted(day.malformed - dead_offsets),
+        missing_dead_letters=sorted((day.malformed | set(day.late)) - dead_offsets),
         dead_letters_without_reason=sum(1 for *_, r in dead if not r),
     )
+
+
+# -- progress: faults are injected when the victim is that far into its share of the day ------
+
+
+def day_share(trade_date: str, trades: int, seed: int, partitions: int) -> dict[int, int]:
+    """Trades per partition of a simulated day: the gateway's generator is deterministic, so
+    what each partition will carry is known before it is published."""
+    from settlement.simulator.gateway import DayGenerator, SimulationSpec
+
+    return dict(Counter(t.partition for t in DayGenerator(
+        SimulationSpec(trade_date, trades, seed=seed), partitions).trades()))
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a site got with its share of the day, read from its ledger."""
+
+    site: str
+    committed: int  # trades the site committed in the ledger
+    share: int  # trades of the day on the partitions it owns (all of them in "separate")
+    partitions: tuple[int, ...]
+    reached: bool
+    seconds: float  # waited
+
+    @property
+    def fraction(self) -> float:
+        return self.committed / self.share if self.share else 0.0
+
+    def describe(self) -> str:
+        head = (f"site {self.site.upper()} had committed {self.committed} of its "
+                f"{self.share} trades ({self.fraction:.0%}, partitions "
+                f"{list(self.partitions)})")
+        return head if self.reached else f"{head}; the target was not reached in time"
+
+
+def wait_for_owners(dsns: dict[str, str], timeout: float) -> bool:
+    """Wait until every site (site -> its ledger's DSN) beats with partitions of its own: the
+    group has settled, so a day published now is shared as the scheme says."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        owned = []
+        for site, dsn in dsns.items():
+            with connect(dsn, autocommit=True) as conn:
+                row = conn.execute(q("drill", "site_partitions"), {"site": site}).fetchone()
+            owned.append(bool(row and row[0]))
+        if all(owned):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def wait_for_share(dsn: str, site: str, per_partition: dict[int, int], fraction: float,
+                   timeout: float, own_all: bool = False,
+                   alive: Callable[[], bool] = lambda: True) -> Progress:
+    """Wait until ``site`` has committed ``fraction`` of its share of the day: the trades on
+    the partitions it owns by its latest heartbeat (``own_all``: every partition, as in the
+    separate scheme). Gives up after ``timeout`` seconds or when ``alive()`` turns false."""
+    t0 = time.monotonic()
+    committed, share, parts = 0, 0, tuple(sorted(per_partition)) if own_all else ()
+    with connect(dsn, autocommit=True) as conn:
+        while True:
+            if not own_all:
+                row = conn.execute(q("drill", "site_partitions"), {"site": site}).fetchone()
+                parts = tuple(sorted(row[0])) if row else ()
+            share = sum(per_partition.get(p, 0) for p in parts)
+            row = conn.execute(q("drill", "site_trades"), {"site": site}).fetchone()
+            committed = int(row[0]) if row else 0
+            reached = share > 0 and committed >= fraction * share
+            waited = time.monotonic() - t0
+            if reached or waited > timeout or not alive():
+                return Progress(site, committed, share, parts, reached, round(waited, 3))
+            time.sleep(0.05)

@@ -1,10 +1,11 @@
 """`settle demo`: the main job end to end on the embedded services.
 
 A simulated trading day with duplicates, malformed messages and aborted transactions; both
-sites consuming in the chosen scheme; site A killed mid-day and site B taking over; then the
-end-of-day steps that exist, and a summary. The demo works in its own namespace (topic
-``demo_trades``, databases ``demo_*``) so it never disturbs other data, and resets that
-namespace at every run.
+sites consuming in the chosen scheme; site A killed once it has committed a chosen fraction of
+its share of the day (read from the ledger, so the kill always finds it working) and site B
+taking over; then the end-of-day steps that exist, and a summary. The demo works in its own
+namespace (topic ``demo_trades``, databases ``demo_*``) so it never disturbs other data, and
+resets that namespace at every run.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class DemoOptions:
     trades: int = 60_000
     rate: int = 10_000
     seed: int = 42
-    kill_at: float = 0.4  # fraction of the day after which site A is SIGKILLed
+    kill_at: float = 0.4  # fraction of its share of the day site A commits before SIGKILL
 
 
 def _console() -> Any:
@@ -38,7 +39,13 @@ def _console() -> Any:
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from settlement import services
-    from settlement.drills.checker import check_ledger, read_kafka_day
+    from settlement.drills.checker import (
+        check_ledger,
+        day_share,
+        read_kafka_day,
+        wait_for_owners,
+        wait_for_share,
+    )
 
     con = _console()
     base = load_settings()
@@ -57,15 +64,21 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
               f"scheme [bold]{opts.scheme}[/], both sites consuming")
     a = start_site("a", opts.scheme, opts.trade_date, env, logs / "site-a.log")
     b = start_site("b", opts.scheme, opts.trade_date, env, logs / "site-b.log")
+    # Both sites in the group before trading starts, so the day is shared from its start.
+    wait_for_owners({s: settings.ledger_dsn(settings.site_ledger(s, opts.scheme))
+                     for s in ("a", "b")}, timeout=60)
     gw = spawn_settle(["simulate", "--date", opts.trade_date, "--trades", str(opts.trades),
                        "--seed", str(opts.seed), "--dup-rate", "0.01", "--bad-rate", "0.001",
                        "--abort-rate", "0.1", "--rate", str(opts.rate)], env,
                       logs / "gateway.log")
-    day_seconds = opts.trades / opts.rate
-    time.sleep(max(2.0, day_seconds * opts.kill_at))
+    progress = wait_for_share(
+        settings.ledger_dsn(settings.site_ledger("a", opts.scheme)), "a",
+        day_share(opts.trade_date, opts.trades, opts.seed, settings.partitions), opts.kill_at,
+        timeout=opts.trades / opts.rate * 2 + 60, own_all=opts.scheme == "separate",
+        alive=lambda: a.poll() is None)
     a.send_signal(signal.SIGKILL)
     killed_at = time.time()
-    con.print(f"3/5 [red]site A killed[/] (SIGKILL) {opts.kill_at:.0%} into the day; "
+    con.print(f"3/5 [red]site A killed[/] (SIGKILL): {progress.describe()}; "
               "site B carries on")
     sim = wait(gw, "gateway", logs / "gateway.log", 600)
     site_b = wait(b, "site B", logs / "site-b.log", 600)
@@ -87,6 +100,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         "malformed_injected": sim.get("malformed_injected"),
         "aborted_trades": sim.get("aborted"),
         "site_a_killed_at": time.strftime("%H:%M:%S", time.gmtime(killed_at)),
+        "site_a_at_kill": progress.describe(),
         "survivor_ledger": survivor,
         "ledger_trades": check.ledger_rows,
         "lost": len(check.lost),
@@ -105,14 +119,17 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     return summary
 
 
-def _ledger_counts(dsn: str) -> dict[str, int]:
+def _ledger_counts(dsn: str) -> dict[str, Any]:
     from settlement.db import connect
 
     with connect(dsn) as conn:
         dups = conn.execute("select coalesce(sum(duplicates), 0) from ingest_batches").fetchone()
         dead = conn.execute("select count(*) from dead_letters").fetchone()
+        by_site = conn.execute("select site, count(*) from trades group by 1 order by 1"
+                               ).fetchall()
     return {"duplicates_suppressed": int(dups[0]) if dups else 0,
-            "dead_letters": int(dead[0]) if dead else 0}
+            "dead_letters": int(dead[0]) if dead else 0,
+            **{f"trades_ingested_by_site_{site}": int(n) for site, n in by_site}}
 
 
 def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, Any]:

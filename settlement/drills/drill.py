@@ -2,12 +2,16 @@
 
 A drill runs in a private namespace (topic and ledgers of its own) on the configured
 services. The gateway publishes a paced trading day; sites A and B consume it in the chosen
-scheme; at a chosen fraction of the day one fault is injected:
+scheme; one fault is injected once site A (the victim) has committed a chosen fraction of its
+share of the day, read from the ledger (its share: the day's trades on the partitions it owns,
+which the deterministic gateway tells in advance) -- by progress, not by the clock, so the
+fault always finds A working:
 
 - ``kill``: SIGKILL site A (in the separate scheme it is restarted and resumes);
-- ``pause``: SIGSTOP site A for longer than the consumer session timeout, then SIGCONT; its
-  partitions move to B meanwhile, and the ledger's compare-and-set offsets refuse anything
-  stale A tries to write when it wakes (zombie fencing);
+- ``pause``: SIGSTOP site A while its writer is inside a ledger transaction, for longer than
+  the consumer session timeout, then SIGCONT; its partitions move to B meanwhile (the server
+  ends A's idle transaction, so B is not blocked), and the batch A held is refused when it
+  wakes (zombie fencing: the "fenced" count);
 - ``db-restart``: crash-restart PostgreSQL (immediate stop, no checkpoint) mid-batch;
 - ``broker-kill``: SIGKILL one broker of the three-node cluster while the gateway produces
   with acks=all (it is restarted after the day).
@@ -34,7 +38,14 @@ import psycopg
 
 from settlement.config import Settings, load_settings
 from settlement.db import q
-from settlement.drills.checker import check_ledger, read_kafka_day
+from settlement.drills.checker import (
+    Progress,
+    check_ledger,
+    day_share,
+    read_kafka_day,
+    wait_for_owners,
+    wait_for_share,
+)
 from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
 from settlement.drills.runner import spawn_settle, start_site, wait
 
@@ -49,7 +60,7 @@ class DrillSpec:
     fault: str
     trades: int = 20_000
     seed: int = 1
-    at: float = 0.4  # fraction of the trading day at which the fault hits
+    at: float = 0.4  # fraction of site A's share of the day committed when the fault hits
     rate: int = 4_000  # trades/s the gateway publishes
     trade_date: str = "2026-11-23"
 
@@ -68,6 +79,7 @@ class DrillResult:
     kafka_trades: int
     fenced_batches: int
     fault_at: str
+    fault_note: str  # how far site A had got, and how the fault landed
     seconds: float
     examples: dict[str, Any] = field(default_factory=dict)
     passed: bool = False
@@ -119,21 +131,60 @@ def _rto(settings: Settings, spec: DrillSpec, fault_at: dt.datetime
     return round((row[0] - fault_at).total_seconds(), 3), f"fault -> {what}"
 
 
-def _inject(settings: Settings, spec: DrillSpec, site_a: Any) -> None:
+def _victim_progress(settings: Settings, spec: DrillSpec, site_a: Any) -> Progress:
+    """Wait until site A has committed ``spec.at`` of its share of the day (bounded)."""
+    per_partition = day_share(spec.trade_date, spec.trades, spec.seed, settings.partitions)
+    dsn = settings.ledger_dsn(settings.site_ledger("a", spec.scheme))
+    return wait_for_share(dsn, "a", per_partition, spec.at,
+                          timeout=spec.trades / spec.rate * 2 + 60,
+                          own_all=spec.scheme == "separate",
+                          alive=lambda: site_a.poll() is None)
+
+
+def _inject(base: Settings, settings: Settings, spec: DrillSpec, site_a: Any
+            ) -> tuple[dt.datetime, str]:
+    """Inject the fault; returns when it hit and how."""
     from settlement.services.kafka import EmbeddedKafka
     from settlement.services.postgres import EmbeddedPostgres
 
+    note = ""
+    at = dt.datetime.now(dt.UTC)
     if spec.fault == "kill":
         site_a.send_signal(signal.SIGKILL)
     elif spec.fault == "pause":
-        site_a.send_signal(signal.SIGSTOP)
-        time.sleep(settings.session_timeout_ms / 1000 + 4)
+        at, note = _freeze_in_batch(settings.ledger_dsn(settings.site_ledger("a", spec.scheme)),
+                                    site_a)
+        time.sleep(base.session_timeout_ms / 1000 + 4)
         site_a.send_signal(signal.SIGCONT)
     elif spec.fault == "db-restart":
-        EmbeddedPostgres(settings).restart("immediate")
+        EmbeddedPostgres(base).restart("immediate")
     elif spec.fault == "broker-kill":
-        nodes = EmbeddedKafka(settings).nodes()
+        nodes = EmbeddedKafka(base).nodes()
         random.Random(spec.seed).choice(nodes[1:]).stop(kill=True)
+    return at, note
+
+
+def _freeze_in_batch(dsn: str, site_a: Any, timeout: float = 10.0) -> tuple[dt.datetime, str]:
+    """SIGSTOP site A while its ledger writer is inside a batch transaction: the worst moment
+    (offset rows locked, or COPY data half sent). A batch that commits between the look and
+    the signal is let go (SIGCONT) and the next one is caught."""
+    query, app = q("drill", "writer_in_transaction"), {"application_name": "settle-site-a-writer"}
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        def inside() -> bool:
+            return conn.execute(query, app).fetchone() is not None
+
+        while time.monotonic() < deadline and site_a.poll() is None:
+            if inside():
+                site_a.send_signal(signal.SIGSTOP)
+                at = dt.datetime.now(dt.UTC)
+                time.sleep(0.05)  # what the writer had sent reaches the server
+                if inside():
+                    return at, "site A frozen inside a ledger transaction"
+                site_a.send_signal(signal.SIGCONT)
+            time.sleep(0.005)
+    site_a.send_signal(signal.SIGSTOP)
+    return dt.datetime.now(dt.UTC), "site A frozen (not caught inside a ledger transaction)"
 
 
 def _check_preconditions(settings: Settings, spec: DrillSpec) -> None:
@@ -142,7 +193,8 @@ def _check_preconditions(settings: Settings, spec: DrillSpec) -> None:
     if spec.fault not in FAULTS:
         raise ValueError(f"--fault: expected one of {', '.join(FAULTS)}, got {spec.fault!r}")
     if not 0 < spec.at < 1:
-        raise ValueError(f"--at: expected a fraction of the day between 0 and 1, got {spec.at}")
+        raise ValueError(f"--at: expected a fraction of site A's share of the day between 0 "
+                         f"and 1, got {spec.at}")
     if spec.fault == "db-restart" and settings.pg_dsn is not None:
         raise ValueError("--fault db-restart restarts the embedded PostgreSQL; it cannot "
                          "restart an external SETTLE_PG_DSN server")
@@ -171,14 +223,17 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     logs = log_dir or base.state_dir / "drills" / name
     a = start_site("a", spec.scheme, spec.trade_date, env, logs / "site-a.log")
     b = start_site("b", spec.scheme, spec.trade_date, env, logs / "site-b.log")
-    time.sleep(3)  # both sites join the group before trading starts
+    # Both sites in the group before trading starts (a fixed sleep is too short on a busy
+    # machine, where a site can take seconds to start).
+    wait_for_owners({s: settings.ledger_dsn(settings.site_ledger(s, spec.scheme))
+                     for s in ("a", "b")}, timeout=60)
     gw = spawn_settle(["simulate", "--date", spec.trade_date, "--trades", str(spec.trades),
                        "--seed", str(spec.seed), "--dup-rate", "0.01", "--bad-rate", "0.002",
                        "--abort-rate", "0.1", "--rate", str(spec.rate)], env,
                       logs / "gateway.log")
-    time.sleep(spec.trades / spec.rate * spec.at)
-    fault_at = dt.datetime.now(dt.UTC)
-    _inject(base, spec, a)
+    progress = _victim_progress(settings, spec, a)
+    fault_at, how = _inject(base, settings, spec, a)
+    fault_note = "; ".join(x for x in (progress.describe(), how) if x)
     sim = wait(gw, "gateway", logs / "gateway.log", 600)
     outputs = []
     if spec.fault == "kill":
@@ -212,7 +267,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
         nonmonotonic=nonmono, rto_seconds=rto, rto_note=note, rpo_trades=lost,
         ledger_trades=rows, kafka_trades=len(day.trade_ids),
         fenced_batches=sum(int(o.get("fenced", 0)) for o in outputs),
-        fault_at=fault_at.isoformat(), seconds=round(time.monotonic() - started, 1),
+        fault_at=fault_at.isoformat(), fault_note=fault_note,
+        seconds=round(time.monotonic() - started, 1),
         examples=examples)
     # The RTO target is for a dead site (SIGKILL) in the shared scheme; a paused site is not
     # dead, and its takeover time is reported, not judged.
@@ -227,21 +283,34 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     return result
 
 
+def campaign_pairs(faults: tuple[str, ...] = FAULTS) -> list[tuple[str, str]]:
+    """Every (fault, scheme) pair, dealt so that the first ``len(faults)`` cover every fault
+    once and put the failover paths -- kill and pause -- in the shared scheme (takeover and
+    zombie fencing), the others in the separate scheme; the rest swap schemes."""
+    def first(fault: str) -> str:
+        return "shared" if fault in ("kill", "pause") else "separate"
+
+    def other(fault: str) -> str:
+        return "separate" if first(fault) == "shared" else "shared"
+
+    return [(f, first(f)) for f in faults] + [(f, other(f)) for f in faults]
+
+
 def run_campaign(runs: int, seed: int, trades: int = 15_000, base: Settings | None = None,
                  faults: tuple[str, ...] = FAULTS) -> list[DrillResult]:
-    """Random order, seeds and timing; the (fault, scheme) pairs are dealt in turn, so every
-    fault appears once ``runs >= len(faults)`` and every pair once ``runs >= 2 * len(faults)``.
-    """
+    """Random order, seeds and progress points over ``campaign_pairs``: every fault appears
+    once ``runs >= len(faults)`` (kill and pause in the shared scheme first), and every pair
+    once ``runs >= 2 * len(faults)``."""
     rng = random.Random(seed)
-    pairs = [(f, sc) for sc in SCHEMES for f in faults]
+    pairs = campaign_pairs(faults)
     plan = [pairs[i % len(pairs)] for i in range(runs)]
     rng.shuffle(plan)
     out = []
     for i, (fault, scheme) in enumerate(plan):
         spec = DrillSpec(scheme=scheme, fault=fault, trades=trades,
                          seed=rng.randrange(1_000_000), at=round(rng.uniform(0.2, 0.7), 2))
-        print(f"drill {i + 1}/{runs}: {spec.scheme} / {spec.fault} at {spec.at:.0%} ...",
-              flush=True)
+        print(f"drill {i + 1}/{runs}: {spec.scheme} / {spec.fault} at {spec.at:.0%} of site "
+              "A's share ...", flush=True)
         out.append(run_drill(spec, base))
     return out
 
@@ -268,8 +337,9 @@ def _row(r: DrillResult) -> dict[str, Any]:
 
 def markdown(results: list[DrillResult], command: str) -> str:
     s = summary(results)
-    head = ("| scheme | fault | at | trades | lost | duplicated | unexpected | nonmonotonic "
-            "| RTO s | fenced batches | passed |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| scheme | fault | at (A's share) | trades | lost | duplicated | unexpected "
+            "| nonmonotonic | RTO s | fenced batches | passed |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [f"| {d['scheme']} | {d['fault']} | {d['at']:.0%} | {d['trades']} | {d['lost']} | "
              f"{d['duplicated']} | {d['unexpected']} | {d['nonmonotonic']} | "
              f"{d['rto_seconds']} | {d['fenced']} | {'yes' if d['passed'] else '**no**'} |"
@@ -290,7 +360,8 @@ def write_drill_page(results: list[DrillResult], path: Path) -> Path:
         for r in results)
     heads = "".join(f"<th>{escape(k)}</th>" for k in _row(results[0]))
     notes = "".join(f"<li>{escape(r.spec['scheme'])}/{escape(r.spec['fault'])}: "
-                    f"{escape(r.rto_note)}; examples: {escape(json.dumps(r.examples))}</li>"
+                    f"{escape(r.fault_note)}; {escape(r.rto_note)}; "
+                    f"examples: {escape(json.dumps(r.examples))}</li>"
                     for r in results)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(

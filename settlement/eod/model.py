@@ -114,6 +114,18 @@ class MarkerAt(NamedTuple):
     offset: int  # Kafka offset of the close marker
 
 
+class DataLoss(NamedTuple):
+    """A retention gap a site recorded that may cut the day: offsets [from, to) of a
+    partition were deleted before the site read them."""
+
+    ledger: str
+    kafka_partition: int
+    from_offset: int
+    to_offset: int
+    site: str
+    detected_at: str  # ISO 8601, UTC
+
+
 @dataclass(frozen=True)
 class LedgerState:
     """How much of a trade date one ledger holds, and where the day sits in Kafka."""
@@ -122,6 +134,8 @@ class LedgerState:
     markers: dict[int, MarkerAt]  # partition -> the day's close marker
     stats: dict[int, PartitionStats]
     previous_markers: dict[int, int]  # partition -> offset of the previous day's marker
+    # Retention gaps this ledger's sites recorded that may cover the day (validation fails).
+    data_loss: tuple[DataLoss, ...] = ()
 
     @property
     def trades(self) -> int:
@@ -179,6 +193,10 @@ class SourceChoice:
     def ledgers_with_trades(self) -> tuple[str, ...]:
         return tuple(n for n, st in self.states.items() if st.trades)
 
+    def data_loss(self) -> list[DataLoss]:
+        """Every reachable ledger's retention gaps that may cover the day."""
+        return [e for st in self.states.values() for e in st.data_loss]
+
 
 @dataclass(frozen=True)
 class Publication:
@@ -205,6 +223,9 @@ class SettlementResult:
     close_markers: dict[int, int] = field(default_factory=dict)  # partition -> last_seq
     trades_per_partition: dict[int, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # Kafka source: late trades of earlier dates found in this day's range (date ->
+    # partition -> count); not settled here, reported.
+    late_in_range: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         eff = self.netting.efficiency

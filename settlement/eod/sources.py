@@ -16,7 +16,14 @@ import psycopg
 from settlement.config import LEDGERS, Settings
 from settlement.db import q, redact
 from settlement.eod.kafka_day import NotLocated, locate_day
-from settlement.eod.model import LedgerState, MarkerAt, NoSource, PartitionStats, SourceChoice
+from settlement.eod.model import (
+    DataLoss,
+    LedgerState,
+    MarkerAt,
+    NoSource,
+    PartitionStats,
+    SourceChoice,
+)
 
 
 def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerState | None:
@@ -31,9 +38,14 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
                      in conn.execute(q("eod", "partition_stats"), params)}
             prev = {int(p): int(off)
                     for p, off in conn.execute(q("eod", "previous_close_markers"), params)}
+            loss = tuple(
+                DataLoss(ledger, int(p), int(a), int(b), site, at.isoformat())
+                for p, a, b, site, at in conn.execute(
+                    q("ledger", "data_loss_for_day"),
+                    {"topic": settings.topic, "trade_date": trade_date}))
     except psycopg.Error:
         return None
-    return LedgerState(ledger, markers, stats, prev)
+    return LedgerState(ledger, markers, stats, prev, loss)
 
 
 def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:

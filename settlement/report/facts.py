@@ -19,13 +19,19 @@ TOP_OBLIGATIONS = 10
 FAILOVER_GAP = dt.timedelta(seconds=3)  # heartbeats are 1 s apart; 3 missed = a dead site
 
 
-def _ledger_facts(settings: Settings) -> dict[str, Any]:
+def ledger_facts(settings: Settings, trade_date: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    day = {"topic": settings.topic, "trade_date": trade_date}
     for name in LEDGERS:
         try:
             with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
                 dead = reason_kinds(conn.execute(
                     q("report", "dead_letters_by_reason"), {"topic": settings.topic}))
+                late = {str(p): int(n) for p, n in conn.execute(q("ledger", "late_trades"), day)}
+                loss = [{"partition": p, "from_offset": a, "to_offset": b, "site": site,
+                         "detected_at": at.isoformat()}
+                        for p, a, b, site, at in conn.execute(q("ledger", "data_loss_for_day"),
+                                                              day)]
                 sites = {s: {"duplicates_suppressed": int(d or 0), "trades_ingested": int(i or 0),
                              "dead_letters": int(x or 0)}
                          for s, d, i, x in conn.execute(q("report", "duplicates_by_site"))}
@@ -37,7 +43,11 @@ def _ledger_facts(settings: Settings) -> dict[str, Any]:
             continue
         out[name] = {"dead_letters_by_reason": dead, "sites": sites,
                      "ingest_series": series,
-                     "failover_events": failover_events(beats)}
+                     "failover_events": failover_events(beats),
+                     # trades of this day that came after its close marker (dead-lettered)
+                     "late_trades": late,
+                     # retention gaps that may have cut this day (validation fails on them)
+                     "data_loss_events": loss}
     return out
 
 
@@ -96,6 +106,7 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Sourc
         per_partition[p]["offsets"] = [start, end]
     for p, n in result.trades_per_partition.items():
         per_partition[p]["trades"] = n
+    ledgers = ledger_facts(settings, trade_date)
     top = sorted(result.obligations, key=lambda o: abs(o.net_cash),
                  reverse=True)[:TOP_OBLIGATIONS]
     return {
@@ -129,6 +140,12 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Sourc
         "validation": outcome.as_dict(),
         "publication": {"published": publication.published, "note": publication.note,
                         "accepted_incomplete": publication.accepted_incomplete},
-        "ledgers": _ledger_facts(settings),
+        "ledgers": ledgers,
+        # Each ledger dead-letters the same late messages: the day's count is the largest.
+        "late_trades": max((sum(led["late_trades"].values()) for led in ledgers.values()),
+                           default=0),
+        # Read from Kafka: late trades of earlier days that sat in this day's range.
+        "late_trades_in_range": {d: {str(p): n for p, n in sorted(parts.items())}
+                                 for d, parts in sorted(result.late_in_range.items())},
         "timings": result.timings,
     }

@@ -132,6 +132,12 @@ def render_html(f: dict[str, Any]) -> str:
     out.append(f'<p class="muted">{v["checks"]} checks run, {len(v["passed"])} passed. '
                "Not applicable: " + (", ".join(f"{k} ({r})" for k, r in v["skipped"].items())
                                      or "none") + "</p>")
+    if f.get("late_trades_in_range"):
+        out.append("<h3>Late trades of earlier days in this day's Kafka range (not settled "
+                   "here; the sites dead-letter them as late)</h3>")
+        out.append(_table(["trade date", "partition", "late trades"],
+                          [[d, p, n] for d, parts in f["late_trades_in_range"].items()
+                           for p, n in parts.items()], {2}))
     out.append("<h2>Largest obligations</h2>")
     out.append(_table(["account", "net cash", "direction", "bought", "sold", "trades"],
                       [[o["account"], _money(o["net_cash"]),
@@ -148,6 +154,17 @@ def render_html(f: dict[str, Any]) -> str:
         if led["dead_letters_by_reason"]:
             out.append(_table(["dead-letter reason", "messages"],
                               [[r, n] for r, n in led["dead_letters_by_reason"].items()], {1}))
+        if led.get("late_trades"):
+            out.append("<h3>Late trades of this day (after its close marker; dead-lettered)</h3>")
+            out.append(_table(["partition", "late trades"],
+                              [[p, n] for p, n in led["late_trades"].items()], {1}))
+        if led.get("data_loss_events"):
+            out.append('<h3 data-loss="yes">Data loss: offsets deleted by retention before '
+                       "the site read them</h3>")
+            out.append(_table(["partition", "offsets [from, to)", "site", "detected (UTC)"],
+                              [[e["partition"], f"[{e['from_offset']}, {e['to_offset']})",
+                                e["site"], e["detected_at"][:19]]
+                               for e in led["data_loss_events"]]))
         events = [e for e in led["failover_events"] if e["event"] != "last heartbeat"]
         out.append("<h3>Failover events seen in the heartbeats</h3>")
         out.append(_table(["time (UTC)", "site", "event", "detail"],

@@ -70,6 +70,10 @@ class DayRead:
     # ledger name -> its day's trades, when the day was read from ledgers (validation
     # reconciles them without reading them again).
     ledgers: dict[str, DataFrame] = field(default_factory=dict)
+    # Kafka: trades of earlier dates found in the day's range, i.e. late trades of those days
+    # (they came after their day's close marker): earlier date -> partition -> count. The
+    # sites dead-letter the same messages as late; the report shows them either way.
+    late: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def release(self) -> None:
         for df in self.cached:
@@ -114,8 +118,13 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     malformed = parsed.malformed.count()
     closes = {int(r["kafka_partition"]): int(r["last_seq"])
               for r in _on_date(parsed.closes, trade_date).collect()}
+    late: dict[str, dict[int, int]] = {}
+    for r in (parsed.trades.where(F.col("trade_date") < F.lit(trade_date).cast("date"))
+              .groupBy("trade_date", "kafka_partition").count().collect()):
+        late.setdefault(r["trade_date"].isoformat(), {})[int(r["kafka_partition"])] = int(
+            r["count"])
     return DayRead(_on_date(parsed.trades, trade_date), malformed, closes, parsed.trades,
-                   cached=[classified])
+                   cached=[classified], late=late)
 
 
 def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,

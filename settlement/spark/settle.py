@@ -58,6 +58,6 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
         malformed=read.malformed, positions=positions, obligations=obligations,
         instruments=instruments, netting=netting(obligations),
         close_markers=read.close_markers, trades_per_partition=per_partition,
-        timings=timings,
+        timings=timings, late_in_range=read.late,
     )
     return SettledDay(result, trades)

@@ -17,6 +17,9 @@ from settlement.validation.run import ValidationOutcome, register_views, run_sui
 
 __all__ = ["ValidationOutcome", "validate_frames"]
 
+# What the sites recorded about retention gaps (``settlement.eod.model.DataLoss``).
+DATA_LOSS_SCHEMA = ("ledger string, kafka_partition int, from_offset long, to_offset long, "
+                    "site string, detected_at string")
 _MARKERS = T.StructType([T.StructField("kafka_partition", T.IntegerType()),
                          T.StructField("last_seq", T.LongType())])
 
@@ -34,6 +37,7 @@ def validate_frames(
     kafka: DataFrame | None = None,
     ledger_a: DataFrame | None = None,
     ledger_b: DataFrame | None = None,
+    data_loss: DataFrame | None = None,
     unique_ids: bool = False,
     skip: dict[str, str] | None = None,
     only: set[str] | None = None,
@@ -44,6 +48,8 @@ def validate_frames(
     ``settlement_trades``: the day the settlement netted (dated, deduplicated);
     ``close_markers``: partition -> last_seq of the day; ``kafka``: the settled day when
     Kafka was the source (None: the day was read from the ledger(s), by date);
+    ``data_loss``: the retention gaps the reachable ledgers recorded for the day
+    (``DATA_LOSS_SCHEMA``; a run always passes it, empty when there are none);
     ``unique_ids``: the read is one ledger, whose primary key is trade_id.
     """
     run_params = spark.createDataFrame(
@@ -70,5 +76,5 @@ def validate_frames(
     frames = {"as_read": as_read, "settlement_trades": settlement_trades,
               "ledger_trades": ledger,
               "ledger_b_trades": ledger_b if ledger_a is not None else None,
-              "positions": positions}
+              "data_loss": data_loss, "positions": positions}
     return run_suites(frames, skip, only)

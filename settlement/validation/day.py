@@ -18,7 +18,7 @@ from settlement.eod.sources import choose_db
 from settlement.spark import transforms as T
 from settlement.spark.io import DayRead, read_ledger
 from settlement.spark.schemas import POSITIONS_SCHEMA
-from settlement.validation import validate_frames
+from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
 from settlement.validation.run import ValidationOutcome
 
 
@@ -33,7 +33,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  positions: list[Position] | None) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
-    positions."""
+    retention gaps the chooser found in the ledgers, the positions."""
     skip: dict[str, str] = {}
     ledger: DataFrame | None = None
     try:
@@ -61,7 +61,9 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         positions=None if positions is None
         else spark.createDataFrame(positions, POSITIONS_SCHEMA),
         ledger=ledger, kafka=trades if choice.source == "kafka" else None,
-        ledger_a=ledger_a, ledger_b=ledger_b, unique_ids=read.unique_ids, skip=skip,
+        ledger_a=ledger_a, ledger_b=ledger_b,
+        data_loss=spark.createDataFrame(choice.data_loss(), DATA_LOSS_SCHEMA),
+        unique_ids=read.unique_ids, skip=skip,
     )
 
 

@@ -23,6 +23,10 @@ proves nothing and only makes the verdict look stronger than it is, so:
   suite: a ledger-sourced day is the settled day, and on a Kafka-sourced run any gap or
   extra seq in the ledger is also a difference from Kafka (named by trade id) or a gap in
   the settled day, so such a check could never fail alone.
+- **Data loss** recorded by the sites (``data_loss``: the retention gaps every reachable
+  ledger holds that may cover the day): a site that was down longer than the topic's
+  retention could not read offsets of the day. The settled day may still look complete (the
+  other site read them), but the gap is named and the day fails until an operator decides.
 - **Invariants on the positions**, with the trade count taken from the read (distinct trade
   ids of the run's date), not from the settlement's own count, and volume and notional from
   the settled day: a netting step that drops or mangles a trade fails here.
@@ -170,6 +174,19 @@ def reconciliation_suite(name: str, left: str, right: str, what: str) -> gx.Expe
     return _suite(name, suite)
 
 
+def data_loss_suite() -> gx.ExpectationSuite:
+    """On the retention gaps the sites recorded (``sql/queries/ledger.sql``, data_loss_for_day)."""
+    return _suite("data_loss", [_rows(
+        "no offset of the day was deleted unread", "completeness",
+        "no site found its stored position older than the partition's log start in a range "
+        "that may hold the day's trades: each row is a gap [from_offset, to_offset) that "
+        "retention deleted before the site read it (its ledger may lack those trades)",
+        """
+        select ledger, kafka_partition, from_offset, to_offset, site, detected_at
+        from {batch}
+        """)])
+
+
 def invariants_suite() -> gx.ExpectationSuite:
     """Settlement output: what multilateral netting must conserve, and what it must carry."""
     suite: list[Any] = []
@@ -235,5 +252,6 @@ def all_suites() -> list[SuitePlan]:
                                        "Kafka vs ledger"), "ledger_trades"),
         SuitePlan(reconciliation_suite("reconcile_site_a_b", "ledger_a_day", "ledger_b",
                                        "site A vs site B"), "ledger_b_trades"),
+        SuitePlan(data_loss_suite(), "data_loss"),
         SuitePlan(invariants_suite(), "positions"),
     ]

@@ -25,3 +25,17 @@ where site = %(site)s and kafka_partition = any(%(partitions)s::int[])
 
 -- name: first_after
 select min(ingested_at) from trades where ingested_at > %(after)s
+
+-- name: site_trades
+-- How many trades a site has committed in this ledger (its progress through the day).
+select count(*) from trades where site = %(site)s
+
+-- name: site_partitions
+-- What a site owns now, from its latest heartbeat.
+select partitions from site_heartbeats where site = %(site)s order by beat_at desc limit 1
+
+-- name: writer_in_transaction
+-- A site's ledger writer is inside a batch transaction (pg_stat_activity of this database).
+select pid from pg_stat_activity
+where datname = current_database() and application_name = %(application_name)s
+  and xact_start is not null and state in ('active', 'idle in transaction')

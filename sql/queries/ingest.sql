@@ -17,6 +17,11 @@ select kafka_partition, next_offset from consumer_offsets
 where consumer_group = %(group)s and topic = %(topic)s
   and kafka_partition = any(%(partitions)s::int[])
 
+-- name: read_positions
+select kafka_partition, next_offset, site from consumer_offsets
+where consumer_group = %(group)s and topic = %(topic)s
+  and kafka_partition = any(%(partitions)s::int[])
+
 -- name: lock_offsets
 -- Row locks serialise two sites that both believe they own a partition (a paused zombie
 -- and its successor); the caller compares what it reads with what it expects.
@@ -44,9 +49,37 @@ select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
 from trades_stage
 on conflict (trade_id) do nothing
 
+-- name: late_staged
+-- Staged trades whose day had already closed on their partition: the close marker of
+-- (trade_date, partition) sits at a lower offset. Exact across restarts and takeovers, since
+-- the markers are in the ledger, committed with the offsets that passed them (and this
+-- batch's own markers are inserted before this runs).
+select s.kafka_partition, s.kafka_offset, s.trade_date, m.kafka_offset
+from trades_stage s
+join close_markers m on m.trade_date = s.trade_date and m.kafka_partition = s.kafka_partition
+where s.kafka_offset > m.kafka_offset
+
+-- name: drop_staged
+delete from trades_stage s
+using unnest(%(partitions)s::int[], %(offsets)s::bigint[]) as d (kafka_partition, kafka_offset)
+where s.kafka_partition = d.kafka_partition and s.kafka_offset = d.kafka_offset
+
+-- name: insert_staged_subset
+-- insert_staged for some staged rows only (narrowing down a refused batch), in batch order so
+-- that the first copy of a replayed trade still wins.
+insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
+                    quantity, buyer, seller, executed_at, site)
+select s.trade_id, s.trade_date, s.seq, s.kafka_partition, s.kafka_offset, s.symbol, s.price,
+       s.quantity, s.buyer, s.seller, s.executed_at, s.site
+from unnest(%(partitions)s::int[], %(offsets)s::bigint[]) with ordinality
+     as k (kafka_partition, kafka_offset, n)
+join trades_stage s on s.kafka_partition = k.kafka_partition and s.kafka_offset = k.kafka_offset
+order by k.n
+on conflict (trade_id) do nothing
+
 -- name: insert_dead_letter
-insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site)
-values (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s, %(site)s)
+insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site, trade_date)
+values (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s, %(site)s, %(trade_date)s)
 on conflict do nothing
 
 -- name: insert_close_marker
@@ -69,3 +102,18 @@ select count(*) from close_markers where trade_date = %(trade_date)s
 
 -- name: newest_day
 select greatest((select max(trade_date) from trades), (select max(trade_date) from close_markers))
+
+-- name: lock_offset
+-- One partition's stored position, locked (repositioning after a retention gap).
+select next_offset from consumer_offsets
+where consumer_group = %(group)s and topic = %(topic)s and kafka_partition = %(partition)s
+for update
+
+-- name: insert_data_loss
+insert into data_loss_events (topic, kafka_partition, from_offset, to_offset, site)
+values (%(topic)s, %(partition)s, %(from_offset)s, %(to_offset)s, %(site)s)
+on conflict do nothing
+
+-- name: move_offset
+update consumer_offsets set next_offset = %(next_offset)s, site = %(site)s, updated_at = now()
+where consumer_group = %(group)s and topic = %(topic)s and kafka_partition = %(partition)s
