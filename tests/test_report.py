@@ -31,7 +31,7 @@ def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None
     assert out["source"] == "kafka" and out["validation_success"] is True, out["validation"]
     v = out["validation"]
     assert v["skipped"] == {}  # both site ledgers and Kafka were reconciled
-    assert v["checks"] >= 17  # all 17 checks apply: nothing was skipped (docs/operations.md)
+    assert v["checks"] >= 18  # all 18 checks apply: nothing was skipped (docs/operations.md)
     facts = json.loads(Path(out["report_json"]).read_text())
     assert facts["trades"] == sim["trades"]
     assert set(facts["ledgers"]) == {"a", "b"}
@@ -53,6 +53,13 @@ def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None
     assert f'data-kpi="netting efficiency">{eff}<' in dom
     assert "Kafka is reachable and holds the whole day" in dom
     assert "<svg" in dom and "site a" in dom and "site b" in dom
+    # The steps' timings explain a slow day, in the report and in the run's record.
+    assert "Step timings" in dom and facts["timings"]["read_seconds"] > 0
+    with connect(iso.settings.settlement_dsn) as conn:
+        (timings,) = conn.execute("select timings from settlement_runs where run_id = %s",
+                                  (out["run_id"],)).fetchone()
+    assert {"choose_seconds", "read_seconds", "settle_seconds", "validate_seconds",
+            "publish_seconds", "report_seconds", "total_seconds"} <= set(timings), timings
     assert shot.stat().st_size > 20_000
 
 

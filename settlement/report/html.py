@@ -175,5 +175,12 @@ def render_html(f: dict[str, Any]) -> str:
     out.append(_table(["symbol", "trades", "volume", "notional", "VWAP"],
                       [[i["symbol"], i["trades"], i["volume"], _money(i["notional"]), i["vwap"]]
                        for i in f["instruments"]], {1, 2, 3, 4}))
+    if f.get("timings"):
+        # So a slow day can be explained: the steps of this run up to the report itself
+        # (the report's own time and the total are in settlement_runs.timings).
+        out.append("<h2>Step timings</h2>")
+        out.append(_table(["step", "seconds"],
+                          [[k.removesuffix("_seconds"), v] for k, v in f["timings"].items()],
+                          {1}))
     out.append("</body></html>")
     return "\n".join(out)
