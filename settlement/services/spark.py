@@ -22,6 +22,7 @@ from settlement.config import Settings
 from settlement.services.kafka import java_bin
 from settlement.services.procs import (
     PidFile,
+    ServiceError,
     ensure_port_free,
     port_open,
     spawn,
@@ -132,6 +133,11 @@ class EmbeddedSparkCluster:
 
     def start(self) -> str:
         s = self.settings
+        if self.master.running() and not port_open(s.spark_master_port):
+            raise ServiceError(
+                f"the Spark master of {s.state_dir} runs, but not on port "
+                f"{s.spark_master_port} (SETTLE_SPARK_MASTER_PORT changed?): `settle services "
+                "down` first")
         if self.master.running() and all(w.running() for w in self.workers()):
             return "already running"
         if not self.master.running():
