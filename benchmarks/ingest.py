@@ -1,10 +1,11 @@
 """Ingest throughput of one consumer site, against a naive consumer and the COPY ceiling.
 
-    .venv/bin/python benchmarks/ingest.py [--trades 1000000] [--naive 20000]
+    .venv/bin/python benchmarks/ingest.py [--trades 1000000] [--naive 20000] [--processes 1,2]
 
 Starts the embedded services if they are not running (and stops them again afterwards),
 pre-produces the day on a private topic, then measures in the same run:
   site   - `settle site run` logic (parse + COPY to staging + insert on conflict + offsets)
+  processes - the real `settle site run --processes N` for each N, into a fresh ledger each
   naive  - one INSERT and one COMMIT per message, the textbook exactly-once consumer
   copy   - the same rows COPYed straight into an empty trades table: the database ceiling
 Prints one JSON object.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -55,6 +57,30 @@ def bench_site(settings: Settings) -> dict[str, Any]:
     return {"trades": rows, "wall_seconds": out["seconds"], "batches": out["batches"],
             "steady_trades_per_second": round(rows / busy) if busy else None,
             "trades_per_second": round(rows / out["seconds"])}
+
+
+def bench_processes(settings: Settings, n: int) -> dict[str, Any]:
+    """``settle site run --processes n --until-close`` as an operator runs it: n members of
+    the site's consumer group writing one ledger. The steady rate is measured in the ledger,
+    from the first committed batch to the last (process start and group join excluded)."""
+    env = {**os.environ, "SETTLE_TOPIC": settings.topic,
+           "SETTLE_LEDGER_A_DSN": settings.ledger_dsn("a")}
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "settlement.cli", "site", "run", "--site", "a",
+                          "--scheme", "separate", "--processes", str(n), "--until-close",
+                          "--date", DATE, "--max-seconds", "900", "--json"],
+                         env=env, capture_output=True, text=True, timeout=1200)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"site with {n} processes failed: {res.stderr[-2000:]}")
+    with connect(settings.ledger_dsn("a")) as conn:
+        first, last = conn.execute(
+            "select min(committed_at), max(committed_at) from ingest_batches").fetchone()
+        rows = conn.execute("select count(*) from trades").fetchone()[0]
+    busy = (last - first).total_seconds()
+    return {"processes": n, "trades": rows, "wall_seconds": round(wall, 3),
+            "steady_trades_per_second": round(rows / busy) if busy else None,
+            "trades_per_second": round(rows / wall)}
 
 
 def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
@@ -112,6 +138,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trades", type=int, default=1_000_000)
     ap.add_argument("--naive", type=int, default=20_000, help="messages for the naive consumer")
+    ap.add_argument("--processes", default="1,2",
+                    help="comma-separated process counts for `settle site run --processes`")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     base = load_settings()
@@ -124,6 +152,10 @@ def main() -> None:
         sim = simulate(s, SimulationSpec(DATE, args.trades, seed=1, txn_size=5_000))
         print("site...", file=sys.stderr)
         site = bench_site(fresh(s, "site"))
+        per_processes = {}
+        for n in [int(x) for x in args.processes.split(",") if x.strip()]:
+            print(f"site with {n} processes...", file=sys.stderr)
+            per_processes[str(n)] = bench_processes(fresh(s, f"p{n}"), n)
         print("naive...", file=sys.stderr)
         naive = bench_naive(fresh(s, "naive"), args.naive)
         print("copy ceiling...", file=sys.stderr)
@@ -138,6 +170,7 @@ def main() -> None:
         "machine": {"cores": os.cpu_count()},
         "producer_trades_per_second": sim["trades_per_second"],
         "site": site,
+        "site_processes": per_processes,
         "naive": naive,
         "copy_ceiling": copy,
         "site_vs_naive": round(rate / naive["trades_per_second"], 1),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -75,7 +76,7 @@ def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
     if args.action == "up":
         _console().print("[bold]starting embedded services[/] (PostgreSQL, Kafka KRaft)...")
-        return services.up(s, brokers=args.brokers)
+        return services.up(s, brokers=args.brokers, spark_cluster=args.spark_cluster)
     if args.action == "down":
         return services.down(s)
     return services.status(s)
@@ -108,6 +109,13 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from consumers.site import SiteOptions, run_site
+
+    if args.processes > 1:
+        from consumers.members import run_members
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        return run_members(args.processes, args.site, args.scheme, args.until_close,
+                           args.date, args.max_seconds)
 
     opts = SiteOptions(site=args.site, scheme=args.scheme, until_close=args.until_close,
                        trade_date=args.date, max_seconds=args.max_seconds)
@@ -152,7 +160,8 @@ def cmd_drill(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     if not (args.scheme and args.fault):
         raise ConfigError("settle drill: --scheme and --fault are required (or `campaign`)")
     res = drill.run_drill(drill.DrillSpec(scheme=args.scheme, fault=args.fault,
-                                          trades=args.trades, seed=args.seed, at=args.at),
+                                          trades=args.trades, seed=args.seed, at=args.at,
+                                          processes=args.processes),
                           s, keep=args.keep)
     out = res.as_dict()
     if not res.passed:
@@ -253,6 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["up", "down", "status"])
     sp.add_argument("--brokers", type=int, choices=[1, 3], default=None,
                     help="Kafka cluster size (default SETTLE_KAFKA_BROKERS or 1)")
+    sp.add_argument("--spark-cluster", action="store_true",
+                    help="up: also a standalone Spark master and SETTLE_SPARK_WORKERS one-core "
+                         "workers on loopback (then SETTLE_SPARK_MASTER=spark_master_url); "
+                         "down stops them whenever they run")
 
     sp = add("db", "database schema")
     sp.add_argument("action", choices=["migrate", "schema"],
@@ -291,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the day --until-close waits for (default: newest day in the ledger)")
     sp.add_argument("--max-seconds", type=float, default=None,
                     help="stop after this long even if the day is not closed")
+    sp.add_argument("--processes", type=_positive, default=1,
+                    help="consumer processes for this site, all members of its consumer "
+                         "group (default 1); the JSON sums their counters")
     sp = add("eod", "end-of-day settlement of one trade date (then validation and report)")
     sp.add_argument("--date", type=_date, required=True)
     sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
@@ -312,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=_non_negative, default=1)
     sp.add_argument("--at", type=_rate, default=0.4,
                     help="inject when site A has committed this fraction of its share (0-1)")
+    sp.add_argument("--processes", type=_positive, default=1,
+                    help="consumer processes per site (the fault hits all of site A's)")
     sp.add_argument("--runs", type=_positive, default=4, help="campaign: number of drills")
     sp.add_argument("--markdown", default=None, help="campaign: write a Markdown summary")
     sp.add_argument("--keep", action="store_true", help="keep the drill's topic and databases")

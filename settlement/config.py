@@ -137,6 +137,17 @@ class Settings(BaseSettings):
     # Spark.
     spark_master: str = "local[2]"
     spark_driver_memory: str = "2g"
+    # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
+    # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
+    spark_executor_memory: str = "768m"
+    spark_executor_cores: int = Field(1, ge=1, le=256)
+    spark_cores_max: int | None = Field(None, ge=1, description="cores per application")
+    # The embedded standalone cluster (`settle services up --spark-cluster`).
+    spark_master_port: int = Field(17077, ge=1024, le=65000)
+    spark_master_ui_port: int = Field(18088, ge=1024, le=65000)
+    spark_workers: int = Field(2, ge=1, le=8)
+    spark_worker_cores: int = Field(1, ge=1, le=64)
+    spark_worker_memory: str = "1g"
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -219,6 +230,11 @@ class Settings(BaseSettings):
             return self.kafka_bootstrap
         n = brokers or self.kafka_brokers
         return ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(n))
+
+    @property
+    def spark_cluster_url(self) -> str:
+        """The embedded standalone master's URL (for SETTLE_SPARK_MASTER)."""
+        return f"spark://127.0.0.1:{self.spark_master_port}"
 
     def embedded_dsn(self, dbname: str) -> str:
         return f"postgresql://settle@127.0.0.1:{self.pg_port}/{dbname}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -86,3 +87,11 @@ def isolated(services: Settings) -> Iterator[Isolated]:
             drop_namespace(settings)  # keep the shared services lean across the suite
         except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
             pass
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Iterator[None]:
+    """A migrated SQLite metadata database under the test AIRFLOW_HOME."""
+    res = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,22 +91,14 @@ def test_drill_shape(dags: dict) -> None:
     assert dag.get_task("run_drill").retries == 0
 
 
-@pytest.fixture(scope="session")
-def airflow_db() -> Iterator[None]:
-    """A migrated SQLite metadata database under the test AIRFLOW_HOME."""
-    res = subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-                         capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    yield
-
-
-def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch):
+def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto"):
+    """``iso``: an Isolated namespace or plain Settings (the connections point at these)."""
     from settlement.orchestration.tasks import airflow_connections
 
-    for k, v in airflow_connections(iso.settings).items():
+    for k, v in airflow_connections(getattr(iso, "settings", iso)).items():
         monkeypatch.setenv(k, v)
     dag = _dagbag(ROOT / "dags" / "eod_settlement.py").dags["eod_settlement"]
-    return dag.test(run_conf={"trade_date": day, "source": "auto"})
+    return dag.test(run_conf={"trade_date": day, "source": source})
 
 
 @pytest.mark.services

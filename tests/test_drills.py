@@ -48,6 +48,18 @@ def test_shared_kill_takeover_is_fast(services: Settings) -> None:
     assert "site B's first trade from site A's partitions" in res.rto_note
 
 
+def test_shared_kill_with_two_processes_per_site(services: Settings) -> None:
+    """Four members in the shared group; both of site A's processes die at once, site B's two
+    take their partitions over, and nothing is lost or duplicated."""
+    res = drill.run_drill(drill.DrillSpec("shared", "kill", trades=8000, seed=11, at=0.4,
+                                          processes=2), services)
+    assert res.passed, res.as_dict()
+    assert res.lost == res.duplicated == res.unexpected == res.nonmonotonic == 0
+    assert res.kafka_trades == 8000
+    assert 0 < res.rto_seconds <= drill.RTO_TARGET_SECONDS, res.as_dict()
+    assert "site A had committed" in res.fault_note, res.fault_note
+
+
 def test_bad_drill_arguments_are_refused(services: Settings) -> None:
     with pytest.raises(ValueError, match="--at"):
         drill.run_drill(drill.DrillSpec("shared", "kill", at=1.5), services)

@@ -163,3 +163,60 @@ def test_sigterm_finishes_the_batch_and_exits_cleanly(isolated: Isolated,
     # Together the two runs applied every trade once: nothing re-inserted after restart.
     assert first["inserted"] + second["inserted"] == sim["trades"]
     _assert_exact(isolated, ["a"], sim)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.parametrize("scheme", ["separate", "shared"])
+def test_two_processes_per_site_exactly_once_with_site_a_killed(
+        isolated: Isolated, tmp_path: Path, scheme: str) -> None:
+    """`settle site run --processes 2` for both sites: four members in the shared group (two
+    per site group in the separate scheme). Site A's supervisor is SIGKILLed mid-day; its
+    processes die with it, and the ledger's offset compare-and-set keeps the day exact through
+    every rebalance among the survivors."""
+    from settlement.drills.runner import spawn_settle
+
+    env = {**isolated.env, "SETTLE_BATCH_SIZE": "400"}
+    ledger_a = isolated.settings.ledger_dsn(isolated.settings.site_ledger("a", scheme))
+
+    def site(name: str, log: str) -> subprocess.Popen[str]:
+        return spawn_settle(["site", "run", "--site", name, "--scheme", scheme, "--processes",
+                             "2", "--until-close", "--date", DATE, "--max-seconds", "240"],
+                            env, tmp_path / log)
+
+    a, b = site("a", "a1.log"), site("b", "b.log")
+    wait_for(lambda: len(_children(a.pid)) == 2, 30, "site a's two processes")
+    members = _children(a.pid)
+    day = _paced_day(env, seed=21, trades=30000, rate=10000)
+    wait_for(lambda: _batches(ledger_a, "a") >= 4 or a.poll() is not None, 90,
+             "site a to commit batches")
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=30)
+    # The supervisor's death is the site's death: its consumer processes go with it.
+    wait_for(lambda: not any(_alive(p) for p in members), 10, "site a's processes to die")
+    out, err = day.communicate(timeout=180)
+    assert day.returncode == 0, err[-3000:]
+    sim = last_json(out)
+    if scheme == "separate":
+        a2 = site("a", "a2.log")
+        res_a = wait_exit(a2, tmp_path / "a2.log")
+        assert res_a["closed"] and len(res_a["processes"]) == 2, res_a
+    res_b = wait_exit(b, tmp_path / "b.log")
+    assert res_b["closed"] and len(res_b["processes"]) == 2, res_b
+    # Both of site B's processes took part (each owned partitions at some point).
+    assert all(p["batches"] > 0 for p in res_b["processes"]), res_b["processes"]
+    _assert_exact(isolated, ["a", "b"] if scheme == "separate" else ["shared"], sim)

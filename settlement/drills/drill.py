@@ -47,7 +47,7 @@ from settlement.drills.checker import (
     wait_for_share,
 )
 from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
-from settlement.drills.runner import spawn_settle, start_site, wait
+from settlement.drills.runner import SiteProcesses, spawn_settle, wait
 
 FAULTS = ("kill", "pause", "db-restart", "broker-kill")
 SCHEMES = ("separate", "shared")
@@ -63,6 +63,9 @@ class DrillSpec:
     at: float = 0.4  # fraction of site A's share of the day committed when the fault hits
     rate: int = 4_000  # trades/s the gateway publishes
     trade_date: str = "2026-11-23"
+    # Consumer processes per site (members of the site's group; all four in the shared group
+    # in the shared scheme). A fault hits every process of site A.
+    processes: int = 1
 
 
 @dataclass
@@ -192,6 +195,8 @@ def _check_preconditions(settings: Settings, spec: DrillSpec) -> None:
         raise ValueError(f"--scheme: expected one of {', '.join(SCHEMES)}, got {spec.scheme!r}")
     if spec.fault not in FAULTS:
         raise ValueError(f"--fault: expected one of {', '.join(FAULTS)}, got {spec.fault!r}")
+    if spec.processes < 1:
+        raise ValueError(f"--processes: expected at least 1, got {spec.processes}")
     if not 0 < spec.at < 1:
         raise ValueError(f"--at: expected a fraction of site A's share of the day between 0 "
                          f"and 1, got {spec.at}")
@@ -221,8 +226,10 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     reset_namespace(settings)
     env = _env(base, ns)
     logs = log_dir or base.state_dir / "drills" / name
-    a = start_site("a", spec.scheme, spec.trade_date, env, logs / "site-a.log")
-    b = start_site("b", spec.scheme, spec.trade_date, env, logs / "site-b.log")
+    a = SiteProcesses.start("a", spec.scheme, spec.trade_date, env, logs / "site-a.log",
+                            spec.processes)
+    b = SiteProcesses.start("b", spec.scheme, spec.trade_date, env, logs / "site-b.log",
+                            spec.processes)
     # Both sites in the group before trading starts (a fixed sleep is too short on a busy
     # machine, where a site can take seconds to start).
     wait_for_owners({s: settings.ledger_dsn(settings.site_ledger(s, spec.scheme))
@@ -239,11 +246,12 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     if spec.fault == "kill":
         a.wait(timeout=30)
         if spec.scheme == "separate":  # its own ledger only completes if it comes back
-            a = start_site("a", spec.scheme, spec.trade_date, env, logs / "site-a-restarted.log")
-            outputs.append(wait(a, "restarted site A", logs / "site-a-restarted.log", 600))
+            a = SiteProcesses.start("a", spec.scheme, spec.trade_date, env,
+                                    logs / "site-a-restarted.log", spec.processes)
+            outputs += a.results("restarted site A", 600)
     else:
-        outputs.append(wait(a, "site A", logs / "site-a.log", 600))
-    outputs.append(wait(b, "site B", logs / "site-b.log", 600))
+        outputs += a.results("site A", 600)
+    outputs += b.results("site B", 600)
     if spec.fault == "broker-kill":
         services.up(base)  # bring the killed broker back for whatever runs next
 

@@ -17,6 +17,16 @@ class SettlementSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from settlement.orchestration.tasks import settings_from_airflow, settle_env
+        from settlement.spark.session import cluster_conf, is_cluster
 
-        self.env_vars = {**(self.env_vars or {}), **settle_env(settings_from_airflow())}
+        settings = settings_from_airflow()
+        self.env_vars = {**(self.env_vars or {}), **settle_env(settings)}
+        if is_cluster(settings.spark_master):
+            # On a cluster the executors are other processes on other hosts: they get the
+            # settlement code as --py-files (fetched from the driver, like the --jars) and
+            # executor sizes; what the DAG file set explicitly wins.
+            extra = cluster_conf(settings)
+            py_files = extra.pop("spark.submit.pyFiles")
+            self.py_files = ",".join(x for x in (self.py_files, py_files) if x)
+            self.conf = {**extra, **(self.conf or {})}
         super().execute(context)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from settlement.config import Settings
+from settlement.spark.package import python_files
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
 # "0-10_2.13" in spark-sql-kafka-0-10_2.13 is part of the artifact name, not a version.
@@ -69,6 +71,35 @@ def spark_jars(settings: Settings, bundled: Path | None = None) -> list[str]:
     ]
 
 
+def is_cluster(master: str) -> bool:
+    """True for a master whose executors are other processes (possibly other machines)."""
+    return not master.startswith("local")
+
+
+def cluster_conf(settings: Settings) -> dict[str, str]:
+    """Settings a cluster run needs beyond DEFAULTS: executor size, the driver's address,
+    and the Python files. Jars go separately (``spark.jars`` / ``--jars``); both are served
+    by the driver and fetched by each executor into its own work directory, so nothing
+    relies on a folder the workers share with the driver."""
+    conf = {
+        "spark.executor.memory": settings.spark_executor_memory,
+        "spark.executor.cores": str(settings.spark_executor_cores),
+        "spark.submit.pyFiles": str(python_files(settings)),
+        # Executors run the workers' own Python; by default the same path as the driver's
+        # (the locked environment installed at the same place on every worker).
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+    }
+    if settings.spark_cores_max:
+        conf["spark.cores.max"] = str(settings.spark_cores_max)
+    local_ip = os.environ.get("SPARK_LOCAL_IP")
+    if local_ip:
+        # Executors connect back to the driver (client mode): it must advertise an address
+        # they can reach, not whatever the host name resolves to.
+        conf["spark.driver.host"] = local_ip
+        conf["spark.driver.bindAddress"] = local_ip
+    return conf
+
+
 def _launched_by_spark_submit() -> bool:
     # spark-submit starts the JVM first and hands its gateway to Python through this variable;
     # then --master, --jars, --driver-memory and --conf are already decided.
@@ -93,6 +124,8 @@ def build_session(
         # host name that does not resolve would otherwise stall start-up.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     wanted["spark.driver.memory"] = settings.spark_driver_memory
+    if is_cluster(settings.spark_master):
+        wanted.update(cluster_conf(settings))
     jars = spark_jars(settings)
     if jars:
         wanted["spark.jars"] = ",".join(jars)

@@ -10,9 +10,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from settlement.config import check_date, load_settings
-from settlement.eod.pipeline import run_eod
+# spark-submit puts --py-files first on the driver's sys.path as well. That zip
+# (settlement/spark/package.py: settlement-<hash>.zip) is for the executors and holds code
+# only; the driver must import the installed package, which carries the SQL and Great
+# Expectations files next to it. Once imported from here, later imports of its modules
+# follow the package's own path, whatever SparkContext adds to sys.path.
+sys.path[:] = [p for p in sys.path
+               if not (p.endswith(".zip") and Path(p).name.startswith("settlement-"))]
+
+from settlement.config import check_date, load_settings  # noqa: E402 - after the path fix
+from settlement.eod.pipeline import run_eod  # noqa: E402 - after the path fix
 
 
 def main(argv: list[str] | None = None) -> int:
