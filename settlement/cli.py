@@ -122,9 +122,11 @@ def cmd_status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def _print_status(out: dict[str, Any]) -> None:
+    from rich.console import Console
     from rich.table import Table
 
-    console = _console()
+    # Wide enough for every column when piped into a file or a probe's log.
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
     sites = Table(title="sites", title_justify="left")
     for col in ("ledger", "site", "scheme", "last heartbeat", "age s", "partitions",
                 "trades total"):
@@ -144,7 +146,7 @@ def _print_status(out: dict[str, Any]) -> None:
         for site, st in led["sites"].items():
             age = st["age_seconds"]
             color = "green" if age <= out["thresholds"]["max_heartbeat_age"] else "red"
-            sites.add_row(name, site, st["scheme"], st["last_heartbeat"],
+            sites.add_row(name, site, st["scheme"], st["last_heartbeat"].replace("T", " "),
                           f"[{color}]{age:.1f}[/]", ",".join(map(str, st["partitions"])),
                           f"{st['trades_total']:,}")
         for p, o in led["partitions"].items():
