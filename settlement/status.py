@@ -116,7 +116,10 @@ def kafka_watermarks(settings: Settings, timeout: float = 5.0) -> dict[str, Any]
                                                       timeout=timeout)
         return {"low": low, "high": high}
     except KafkaException as e:
-        return {"error": redact(str(e))}
+        # The code only (e.g. _TRANSPORT): the problem line says what to do.
+        err = e.args[0] if e.args else None
+        return {"error": f"not reachable at {settings.bootstrap()}"
+                         + (f" ({err.name()})" if hasattr(err, "name") else "")}
     finally:
         c.close()
 
