@@ -162,6 +162,8 @@ def test_report_of_a_day_counts_that_day_only(isolated: Isolated, tmp_path: Path
     assert sum(led["dead_letters_by_reason"].values()) == sims[mid]["malformed_injected"]
     assert led["sites"]["a"]["trades_ingested"] == sims[mid]["trades"]
     assert led["sites"]["a"]["duplicates_suppressed"] == sims[mid]["duplicates_injected"]
+    html = Path(out["report_path"]).read_text()
+    assert 'data-window="ingest"' in html and windows[1][0][:19].replace("T", " ") in html
 
 
 def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:
