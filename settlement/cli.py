@@ -216,7 +216,8 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from consumers.site import SiteOptions, run_site
 
-    require_services(s, postgres=False)  # its ledger's own errors are retried, not fatal
+    # No preflight: a site rides out Kafka and ledger outages (it retries), so it may start
+    # before them, as a container does.
     opts = SiteOptions(site=args.site, scheme=args.scheme, until_close=args.until_close,
                        trade_date=args.date, max_seconds=args.max_seconds)
     return run_site(s, opts)
