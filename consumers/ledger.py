@@ -396,6 +396,13 @@ class Ledger:
             scheme=self.scheme, partitions=partitions, trades_total=trades_total))
         conn.commit()
 
+    def prune_heartbeats(self, days: int) -> int:
+        """Delete heartbeats older than ``days``; returns how many went."""
+        conn = self.c
+        n = conn.execute(q("ingest", "prune_heartbeats"), {"days": days}).rowcount
+        conn.commit()
+        return n
+
     def day_closed(self, trade_date: str | None, partitions: int) -> tuple[str | None, bool]:
         conn = self.c
         day = trade_date

@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 
 from consumers.ledger import BEGINNING, Batch, BatchResult, Fenced, Ledger
+from consumers.metrics import SiteMetrics, stats_line
 from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
 from settlement.config import Settings
 from settlement.contract import TRADE_HEADERS, group_id
@@ -28,6 +29,7 @@ from settlement.kafka.admin import topic_partitions
 
 log = logging.getLogger("settle.site")
 FAILPOINTS = ("after_db_commit", "before_db_commit")
+PRUNE_EVERY = 3600.0  # seconds between heartbeat retention passes
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ class Site:
                       "db_errors": 0, "data_loss_events": 0, "rebalances": 0}
         self.partition_count = 0
         self.failpoint = _failpoint()
+        self.metrics = SiteMetrics(opts.site, opts.scheme)
+        self.lag: dict[int, int] = {}
 
     # -- rebalance callbacks (run inside consume()) -----------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
@@ -160,6 +164,11 @@ class Site:
         started = time.monotonic()
         deadline = started + opts.max_seconds if opts.max_seconds else None
         self.partition_count = self._partition_count()
+        if self.settings.metrics_port:
+            port = self.metrics.serve(self.settings.metrics_port)
+            log.info("site %s: Prometheus metrics on port %d (/metrics)", opts.site, port)
+        last_stats, stats_at = dict(self.stats), started
+        last_prune = -PRUNE_EVERY  # a first pass at start
         self.consumer.subscribe([self.topic], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_revoke)
         last_beat = last_close_check = 0.0
@@ -183,6 +192,15 @@ class Site:
                 if now - last_beat >= 1.0:
                     last_beat = now
                     self._heartbeat()
+                    self._update_lag()
+                interval = self.settings.stats_interval_seconds
+                if interval and now - stats_at >= interval:
+                    log.info(stats_line(opts.site, self.stats, self.lag, last_stats,
+                                        now - stats_at))
+                    last_stats, stats_at = dict(self.stats), now
+                if self.settings.heartbeat_retention_days and now - last_prune >= PRUNE_EVERY:
+                    last_prune = now
+                    self._prune()
                 if opts.until_close and (now - last_close_check >= 1.0 or batch.close_markers):
                     self._drain()  # the markers must be committed before we look for them
                     last_close_check = now
@@ -307,6 +325,7 @@ class Site:
             # timeout, the session ended while we were frozen): the batch did not commit, or
             # its outcome is unknown; the ledger's offsets will tell. Retried with backoff.
             self.stats["db_errors"] += 1
+            self.metrics.db_error()
             self.failures += 1
             delay = min(0.25 * 2 ** self.failures, 5.0)
             self.retry_at = time.monotonic() + delay
@@ -327,6 +346,8 @@ class Site:
         st["late"] += res.late
         st["refused"] += res.refused
         st["close_markers"] += res.close_markers
+        self.metrics.batch(batch.messages, res.inserted, res.duplicates, res.dead_letters,
+                           res.seconds)
         if res.late or res.refused:
             log.warning("site %s: dead-lettered %d late trades and %d messages the ledger "
                         "refused", self.opts.site, res.late, res.refused)
@@ -426,6 +447,40 @@ class Site:
             self.aux.heartbeat(sorted(self.expected), self.stats["inserted"])
         except psycopg.Error:
             self.aux.close()  # the writer notices a real outage and pauses; beats just skip
+            return
+        self.metrics.heartbeat()
+
+    def _update_lag(self) -> None:
+        """Lag per owned partition: the high watermark librdkafka last saw (cached, no
+        request) minus the position handed to the ledger. It counts Kafka's transaction
+        markers too, so a caught-up transactional partition can show 1."""
+        from confluent_kafka import TopicPartition
+
+        lag: dict[int, int] = {}
+        for p, off in list(self.expected.items()):
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), cached=True)
+            except Exception:  # noqa: BLE001 - a metric must never stop the line
+                continue
+            if high < 0:
+                continue  # nothing fetched from this partition yet
+            start = max(low, 0) if off == BEGINNING else off
+            lag[p] = max(high - start, 0)
+        self.lag = lag
+        self.metrics.positions(lag)
+
+    def _prune(self) -> None:
+        try:
+            n = self.aux.prune_heartbeats(self.settings.heartbeat_retention_days)
+        except psycopg.Error as e:
+            self.aux.close()
+            log.warning("site %s: heartbeat retention skipped: %s", self.opts.site,
+                        str(e).strip())
+            return
+        if n:
+            log.info("site %s: deleted %d heartbeats older than %d days", self.opts.site, n,
+                     self.settings.heartbeat_retention_days)
 
     def _closed(self, day: str | None) -> tuple[bool, str | None]:
         try:

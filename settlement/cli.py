@@ -1,8 +1,9 @@
 """The ``settle`` command line.
 
-Every command accepts ``--json``: the last line on stdout is then one JSON object. Human
-output goes to stderr through rich so that stdout stays machine-readable. Exit codes: 0
-success, 1 failure (the message says why), 2 bad arguments or configuration.
+Every command accepts ``--json`` (before or after the command): the last line on stdout is
+then one JSON object. Human output and progress go to stderr through rich so that stdout stays
+machine-readable. Exit codes: 0 success (``status``: healthy), 1 failure (the message says
+why; ``status``: unhealthy), 2 bad arguments or configuration. Errors never carry passwords.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from settlement.config import ConfigError, Settings, check_date, load_settings
+from settlement.errors import START_SERVICES, ServiceError, redact
 
 Handler = Callable[[argparse.Namespace, Settings], dict[str, Any]]
 
@@ -71,6 +73,110 @@ _non_negative = _int_at_least(0, "an integer >= 0")
 
 
 # -- handlers ----------------------------------------------------------------------------
+def _progress(args: argparse.Namespace) -> Callable[[str], None]:
+    """Progress lines of long work, on stderr (stdout keeps the JSON); quiet with --quiet."""
+    console = _console()
+
+    def say(step: str) -> None:
+        if not getattr(args, "quiet", False):
+            console.print(f"[dim]settle {args.command}:[/] {step}", highlight=False)
+
+    return say
+
+
+def require_services(s: Settings, kafka: bool = True, postgres: bool = True,
+                     timeout: float = 5.0) -> None:
+    """Fail fast, saying how to start them, when the services a command needs are down
+    (rather than a client library's raw error minutes later)."""
+    if postgres:
+        import psycopg
+
+        try:
+            psycopg.connect(s.settlement_dsn, connect_timeout=int(timeout)).close()
+        except psycopg.OperationalError as e:
+            raise ServiceError(f"PostgreSQL is not reachable at {redact(s.settlement_dsn)} "
+                               f"({str(e).strip().splitlines()[0][:200]}): "
+                               f"{START_SERVICES}") from None
+    if kafka:
+        from confluent_kafka import KafkaException
+
+        from settlement.kafka.admin import admin_client
+
+        try:
+            admin_client(s).list_topics(timeout=timeout)
+        except KafkaException:
+            raise ServiceError(f"Kafka is not reachable at {s.bootstrap()}: "
+                               f"{START_SERVICES}") from None
+
+
+def cmd_status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.status import Thresholds, status
+
+    out = status(s, Thresholds(max_heartbeat_age=args.max_heartbeat_age, max_lag=args.max_lag,
+                               max_lag_seconds=args.max_lag_seconds,
+                               forget_after=args.forget_after))
+    if not args.json:
+        _print_status(out)
+    if not out["healthy"]:
+        raise CommandFailed("unhealthy: " + "; ".join(out["problems"]), out)
+    return out
+
+
+def _print_status(out: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Wide enough for every column when piped into a file or a probe's log.
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+    sites = Table(title="sites", title_justify="left")
+    for col in ("ledger", "site", "scheme", "last heartbeat", "age s", "partitions",
+                "trades total"):
+        sites.add_column(col)
+    parts = Table(title="positions (stored in the ledger) vs Kafka", title_justify="left")
+    for col in ("ledger", "partition", "stored", "high watermark", "lag", "lag s",
+                "last writer"):
+        parts.add_column(col)
+    days = Table(title="current day per ledger", title_justify="left")
+    for col in ("ledger", "day", "close markers", "dead letters"):
+        days.add_column(col)
+    for name, led in out["ledgers"].items():
+        if not led.get("reachable"):
+            sites.add_row(name, "-", "-", f"[red]unreachable: {led.get('error', '')}[/]",
+                          "", "", "")
+            continue
+        for site, st in led["sites"].items():
+            age = st["age_seconds"]
+            color = "green" if age <= out["thresholds"]["max_heartbeat_age"] else "red"
+            sites.add_row(name, site, st["scheme"], st["last_heartbeat"].replace("T", " "),
+                          f"[{color}]{age:.1f}[/]", ",".join(map(str, st["partitions"])),
+                          f"{st['trades_total']:,}")
+        for p, o in led["partitions"].items():
+            parts.add_row(name, p, str(o["stored"]), str(o["high"]), str(o["lag"]),
+                          "" if o["lag_seconds"] is None else f"{o['lag_seconds']:.1f}",
+                          o["last_writer"])
+        days.add_row(name, str(led["day"]),
+                     f"{led['close_markers']}/{led['partitions_total']}",
+                     str(led["dead_letters_today"]))
+    runs = Table(title="last settlement run per date", title_justify="left")
+    for col in ("date", "run", "source", "status", "validation", "published", "finished",
+                "report"):
+        runs.add_column(col)
+    for r in out["settlement"].get("runs", []):
+        verdict = {True: "[green]passed[/]", False: "[red]failed[/]", None: "-"}[
+            r["validation_success"]]
+        runs.add_row(r["trade_date"], str(r["run_id"]), r["source"], r["status"], verdict,
+                     "yes" if r["published"] else "no", str(r["finished_at"] or ""),
+                     str(r["report_path"] or ""))
+    for t in (sites, parts, days, runs):
+        console.print(t)
+    if out["healthy"]:
+        console.print("[bold green]HEALTHY[/]")
+    else:
+        console.print("[bold red]UNHEALTHY[/]")
+        for prob in out["problems"]:
+            console.print(f"  - {prob}", highlight=False)
+
+
 def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement import services
 
@@ -104,12 +210,15 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
         bad_rate=args.bad_rate, abort_rate=args.abort_rate, rate=args.rate,
     )
+    require_services(s, postgres=False)
     return simulate(s, spec, progress=not args.json and sys.stderr.isatty())
 
 
 def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from consumers.site import SiteOptions, run_site
 
+    # No preflight: a site rides out Kafka and ledger outages (it retries), so it may start
+    # before them, as a container does.
     if args.processes > 1:
         from consumers.members import run_members
 
@@ -125,7 +234,9 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.eod.pipeline import run_eod
 
-    out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete)
+    require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
+    out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete,
+                  progress=_progress(args))
     if not out.get("published"):
         raise CommandFailed(f"{out.get('publication')} (report: {out.get('report_path')}); "
                             "to publish anyway: --accept-incomplete \"reason\"", out)
@@ -135,6 +246,7 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.eod.pipeline import validate_only
 
+    require_services(s, kafka=False)
     out = validate_only(s, args.date, source=args.source)
     if not out["success"]:
         names = ", ".join(f"{f['suite']}: {f['name']}" for f in out["failures"])
@@ -145,6 +257,7 @@ def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def cmd_drill(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.drills import drill
 
+    require_services(s)
     if args.action == "campaign":
         results = drill.run_campaign(args.runs, args.seed, trades=args.trades, base=s)
         out = drill.summary(results)
@@ -162,7 +275,7 @@ def cmd_drill(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     res = drill.run_drill(drill.DrillSpec(scheme=args.scheme, fault=args.fault,
                                           trades=args.trades, seed=args.seed, at=args.at,
                                           processes=args.processes),
-                          s, keep=args.keep)
+                          s, keep=args.keep, progress=_progress(args))
     out = res.as_dict()
     if not res.passed:
         raise CommandFailed(f"drill failed: lost {res.lost}, duplicated {res.duplicated}, "
@@ -234,6 +347,7 @@ def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 COMMANDS: dict[str, Handler] = {
+    "status": cmd_status,
     "demo": cmd_demo,
     "eod": cmd_eod,
     "validate": cmd_validate,
@@ -246,17 +360,57 @@ COMMANDS: dict[str, Handler] = {
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" after an option's help, except where there is nothing to show
+    (a flag, an unset default) or the help already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        # identity, not equality: 0 and 0.0 are defaults worth showing, False is a flag's
+        if action.default is None or action.default is False or action.default == [] \
+                or "default" in text:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("dual-site-settlement")
+    except PackageNotFoundError:  # imported from a checkout that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="settle",
+        prog="settle", formatter_class=_HelpFormatter,
         description="Dual-site failover settlement: Kafka -> PostgreSQL -> PySpark netting.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    # --json before the command; every subcommand also takes it after (both work). A separate
+    # dest: a subparser's own default would otherwise overwrite the value parsed here.
+    p.add_argument("--json", dest="json_first", action="store_true",
+                   help="print one JSON object as the last line of stdout")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
-        sp.add_argument("--json", action="store_true", help="print one JSON object last")
+        sp = sub.add_parser(name, help=help, description=help, formatter_class=_HelpFormatter)
+        sp.add_argument("--json", action="store_true",
+                        help="print one JSON object as the last line of stdout")
         return sp
+
+    sp = add("status", "are the sites healthy and caught up, and how did the last days "
+                       "settle? exit 0 healthy, 1 not (a probe can use it)")
+    sp.add_argument("--max-heartbeat-age", type=float, default=15.0, metavar="SECONDS",
+                    help="a site whose last heartbeat is older is down")
+    sp.add_argument("--max-lag", type=_non_negative, default=10_000, metavar="MESSAGES",
+                    help="a partition further behind its high watermark is unhealthy")
+    sp.add_argument("--max-lag-seconds", type=float, default=120.0, metavar="SECONDS",
+                    help="a partition whose oldest unstored message is older is unhealthy")
+    sp.add_argument("--forget-after", type=float, default=3600.0, metavar="SECONDS",
+                    help="a site silent for longer is taken as retired, not down")
 
     sp = add("services", "run the embedded PostgreSQL and Kafka on loopback")
     sp.add_argument("action", choices=["up", "down", "status"])
@@ -283,8 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("simulate", "publish one trading day to the trades topic")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")
-    sp.add_argument("--trades", type=_positive, default=10_000)
-    sp.add_argument("--seed", type=_non_negative, default=1)
+    sp.add_argument("--trades", type=_positive, default=10_000, help="trades in the day")
+    sp.add_argument("--seed", type=_non_negative, default=1, help="random seed")
     sp.add_argument("--dup-rate", type=_rate, default=0.0,
                     help="fraction of trades replayed by a non-idempotent upstream")
     sp.add_argument("--bad-rate", type=_rate, default=0.0,
@@ -296,8 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("site", "run one consumer site")
     sp.add_argument("action", choices=["run"])
-    sp.add_argument("--site", choices=["a", "b"], required=True)
-    sp.add_argument("--scheme", choices=["separate", "shared"], required=True)
+    sp.add_argument("--site", choices=["a", "b"], required=True, help="which site")
+    sp.add_argument("--scheme", choices=["separate", "shared"], required=True,
+                    help="separate: a ledger and group per site; shared: one of each")
     sp.add_argument("--until-close", action="store_true",
                     help="exit once every partition's close marker for the day is ingested")
     sp.add_argument("--date", type=_date, default=None,
@@ -308,24 +463,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="consumer processes for this site, all members of its consumer "
                          "group (default 1); the JSON sums their counters")
     sp = add("eod", "end-of-day settlement of one trade date (then validation and report)")
-    sp.add_argument("--date", type=_date, required=True)
+    sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")
     sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
                     help="auto: Kafka if it holds the whole day, else the ledger database")
+    sp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     sp.add_argument("--accept-incomplete", metavar="REASON", default=None,
                     help="publish the day even if validation fails; the reason is recorded "
                          "in the run and the audit report (default: publish only a "
                          "validated day)")
 
     sp = add("validate", "Great Expectations checks of one trade date (no settlement)")
-    sp.add_argument("--date", type=_date, required=True)
-    sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto")
+    sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")
+    sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
+                    help="where to read the day")
 
     sp = add("drill", "failover drill: live sites, one injected fault, a Jepsen-style check")
-    sp.add_argument("action", nargs="?", choices=["run", "campaign"], default="run")
-    sp.add_argument("--scheme", choices=["separate", "shared"])
-    sp.add_argument("--fault", choices=["kill", "pause", "db-restart", "broker-kill"])
-    sp.add_argument("--trades", type=_positive, default=20_000)
-    sp.add_argument("--seed", type=_non_negative, default=1)
+    sp.add_argument("action", nargs="?", choices=["run", "campaign"], default="run",
+                    help="one drill, or a campaign of random ones")
+    sp.add_argument("--scheme", choices=["separate", "shared"], help="run: the scheme")
+    sp.add_argument("--fault", choices=["kill", "pause", "db-restart", "broker-kill"],
+                    help="run: the fault injected into site A or the services")
+    sp.add_argument("--trades", type=_positive, default=20_000, help="trades in the day")
+    sp.add_argument("--seed", type=_non_negative, default=1, help="random seed")
     sp.add_argument("--at", type=_rate, default=0.4,
                     help="inject when site A has committed this fraction of its share (0-1)")
     sp.add_argument("--processes", type=_positive, default=1,
@@ -333,14 +492,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--runs", type=_positive, default=4, help="campaign: number of drills")
     sp.add_argument("--markdown", default=None, help="campaign: write a Markdown summary")
     sp.add_argument("--keep", action="store_true", help="keep the drill's topic and databases")
+    sp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     sp = add("demo", "the main job end to end on the embedded services")
     sp.add_argument("--scheme", choices=["separate", "shared"],
-                    default=os.environ.get("SCHEME", "shared"))
+                    default=os.environ.get("SCHEME", "shared"), help="the sites' scheme")
     sp.add_argument("--date", type=_date, default=None, help="trade date (default today)")
-    sp.add_argument("--trades", type=_positive, default=60_000)
+    sp.add_argument("--trades", type=_positive, default=60_000, help="trades in the day")
     sp.add_argument("--rate", type=_positive, default=10_000, help="trades/s")
-    sp.add_argument("--seed", type=_non_negative, default=42)
+    sp.add_argument("--seed", type=_non_negative, default=42, help="random seed")
     return p
 
 
@@ -353,7 +513,7 @@ def _print_human(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    want_json = getattr(args, "json", False)
+    args.json = want_json = bool(getattr(args, "json", False) or args.json_first)
     try:
         settings = load_settings()
         result = COMMANDS[args.command](args, settings)
@@ -370,11 +530,13 @@ def main(argv: list[str] | None = None) -> int:
         result, code = {"ok": False, "error": describe(e)}, 1
     else:
         result = {"ok": True, **result}
+    if result.get("error") is not None:
+        result["error"] = redact(str(result["error"]))
     if code != 0:
         print(f"settle {args.command}: error: {result['error']}", file=sys.stderr)
     if want_json:
         print(json.dumps(result, default=str), flush=True)
-    elif code == 0 and args.command != "demo":  # the demo prints its own summary table
+    elif code == 0 and args.command not in ("demo", "status"):  # these print their own
         _print_human(result)
     return code
 

@@ -133,6 +133,13 @@ class Settings(BaseSettings):
     ledger_lock_timeout_ms: int = Field(2_000, ge=100, le=600_000)
     ledger_statement_timeout_ms: int = Field(30_000, ge=1_000, le=3_600_000)
     ledger_idle_timeout_ms: int = Field(5_000, ge=1_000, le=600_000)
+    # Operations (issue 16). A site serves Prometheus metrics on this port (0: no metrics
+    # server; two sites on one host need two ports), logs a one-line stats summary every
+    # stats_interval_seconds (0: never), and deletes its ledger's heartbeats older than
+    # heartbeat_retention_days (0: keep them all) once at start and then hourly.
+    metrics_port: int = Field(0, ge=0, le=65535)
+    stats_interval_seconds: float = Field(30.0, ge=0)
+    heartbeat_retention_days: int = Field(7, ge=0, le=3650)
 
     # Spark.
     spark_master: str = "local[2]"

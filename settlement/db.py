@@ -13,6 +13,7 @@ import psycopg
 
 from settlement.config import Settings, resource_dir
 from settlement.errors import DatabaseError
+from settlement.errors import redact as _redact
 
 SQL_DIR = resource_dir("sql")  # the checkout's sql/, or the copy inside the wheel
 MIGRATIONS_DIR = SQL_DIR / "migrations"
@@ -40,7 +41,7 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 
 def redact(dsn: str) -> str:
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", dsn)
+    return _redact(dsn)
 
 
 @cache

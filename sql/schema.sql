@@ -232,10 +232,12 @@ ALTER TABLE ONLY public.site_heartbeats
     ADD CONSTRAINT site_heartbeats_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.trades
     ADD CONSTRAINT trades_pkey PRIMARY KEY (trade_id);
+CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingested_at);
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);
+CREATE INDEX site_heartbeats_time ON public.site_heartbeats USING btree (beat_at);
 CREATE INDEX trades_date_partition_seq ON public.trades USING btree (trade_date, kafka_partition, seq);
 ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);

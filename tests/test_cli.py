@@ -50,3 +50,79 @@ def test_status_json_is_the_last_line(tmp_path) -> None:
     assert out["postgres"] == "stopped" and out["kafka"] == "stopped"
     assert out["postgres_dsn"].endswith(":25999/settlement")
     assert set(out["ledger_dsns"]) == {"a", "b", "shared"}
+
+
+# No services on these ports: what an operator sees before `make up`.
+DOWN = {"SETTLE_PG_PORT": "25998", "SETTLE_KAFKA_PORT": "29998",
+        "SETTLE_KAFKA_CONTROLLER_PORT": "29898", "SETTLE_KAFKA_BROKERS": "1"}
+
+
+def test_version() -> None:
+    from settlement.cli import version
+
+    res = run(["--version"])
+    assert res.returncode == 0
+    assert res.stdout.strip() == f"settle {version()}" and version() != "unknown"
+
+
+@pytest.mark.parametrize("args", [["--json", "services", "status"],
+                                  ["services", "status", "--json"]])
+def test_json_before_or_after_the_command(args: list[str], tmp_path) -> None:
+    res = run(args, SETTLE_STATE_DIR=str(tmp_path), **DOWN)
+    assert res.returncode == 0, res.stderr
+    out = last_json(res.stdout)
+    assert out["ok"] is True and out["postgres"] == "stopped"
+
+
+def test_help_shows_defaults() -> None:
+    res = run(["simulate", "--help"])
+    assert res.returncode == 0
+    assert "(default: 10000)" in res.stdout and "(default: 0.0)" in res.stdout
+    text = " ".join(run(["status", "--help"]).stdout.split())  # help wraps lines
+    assert "(default: 15.0)" in text and "exit 0 healthy" in text
+
+
+@pytest.mark.parametrize("args", [
+    ["status"],
+    ["drill", "--scheme", "shared", "--fault", "kill"],
+    ["simulate", "--date", "2026-11-23", "--trades", "5"],
+    ["eod", "--date", "2026-11-23"],
+])
+def test_without_services_the_error_says_how_to_start_them(args: list[str], tmp_path) -> None:
+    res = run([*args, "--json"], SETTLE_STATE_DIR=str(tmp_path), **DOWN)
+    assert res.returncode == 1, res.stderr[-2000:]
+    out = last_json(res.stdout)
+    assert "settle services up" in out["error"] and "make up" in out["error"]
+    assert "Broker transport failure" not in res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_passwords_are_redacted_in_status_and_errors(tmp_path) -> None:
+    secret = "hunter2-s3cret"
+    dsn = f"postgresql://settle:{secret}@127.0.0.1:25998/settlement"
+    res = run(["services", "status", "--json"], SETTLE_STATE_DIR=str(tmp_path),
+              SETTLE_PG_DSN=dsn, SETTLE_LEDGER_A_DSN=dsn.replace("settlement", "ledger_a"),
+              **DOWN)
+    assert res.returncode == 0, res.stderr
+    out = last_json(res.stdout)
+    assert out["postgres_dsn"] == "postgresql://settle:***@127.0.0.1:25998/settlement"
+    assert out["ledger_dsns"]["a"].startswith("postgresql://settle:***@")
+    assert secret not in res.stdout + res.stderr
+    # An error that carries the DSN (PostgreSQL down): redacted too.
+    res = run(["eod", "--date", "2026-11-23", "--json"], SETTLE_STATE_DIR=str(tmp_path),
+              SETTLE_PG_DSN=dsn, **DOWN)
+    assert res.returncode == 1
+    out = last_json(res.stdout)
+    assert "PostgreSQL is not reachable at postgresql://settle:***@" in out["error"]
+    assert secret not in res.stdout + res.stderr
+
+
+def test_redact_covers_urls_and_keywords() -> None:
+    from settlement.errors import redact
+
+    text = ("postgresql://u:p%40ss@h/db; host=h password='a b' user=u; "
+            "sasl.password=xyz, Password: qq")
+    red = redact(text)
+    for secret in ("p%40ss", "a b", "xyz", "qq"):
+        assert secret not in red
+    assert red.count("***") == 4 and "user=u" in red

@@ -11,7 +11,6 @@ import pytest
 
 from settlement.db import connect
 from settlement.eod.pipeline import run_eod
-from settlement.report.facts import failover_events
 from tests.conftest import Isolated
 from tests.helpers import ROOT, chromium, ingest_day, last_json
 
@@ -94,18 +93,84 @@ def test_a_site_missing_a_trade_fails_validation_and_names_it(separate_day) -> N
     assert any(lost in json.dumps(f["examples"]) for f in body["failures"])
 
 
-def test_failover_events_from_heartbeats() -> None:
+def test_failover_events_from_heartbeats(isolated: Isolated) -> None:
+    """The gaps and ownership moves are found in SQL, within the window only."""
     import datetime as dt
+
+    from settlement.db import q
+    from settlement.report.facts import FAILOVER_GAP, heartbeat_events
 
     t = dt.datetime(2026, 11, 26, 14, 0, tzinfo=dt.UTC)
     s = dt.timedelta(seconds=1)
     beats = [("a", t, [0, 1, 2]), ("a", t + s, [0, 1, 2]),
-             ("b", t, [3, 4, 5]), ("b", t + s, [3, 4, 5]), ("b", t + 9 * s, [0, 1, 2, 3, 4, 5])]
-    events = failover_events(beats)
+             ("b", t, [3, 4, 5]), ("b", t + s, [3, 4, 5]), ("b", t + 9 * s, [0, 1, 2, 3, 4, 5]),
+             # outside the window: a silence and a move that belong to another day
+             ("b", t + 100 * s, [3]), ("a", t - 50 * s, [7])]
+    with connect(isolated.settings.ledger_dsn("a")) as conn:
+        conn.cursor().executemany(
+            "insert into site_heartbeats (site, scheme, beat_at, partitions, trades_total)"
+            " values (%s, 'shared', %s, %s, 0)", beats)
+        rows = conn.execute(q("report", "heartbeat_events"), {
+            "start_at": t - s, "end_at": t + 10 * s, "gap": FAILOVER_GAP}).fetchall()
+    assert len(rows) <= 4  # only the beats that matter leave the database
+    events = heartbeat_events(rows)
     kinds = [(e["site"], e["event"]) for e in events]
-    assert ("b", "silent") in kinds and ("b", "partitions") in kinds
+    assert sorted(kinds) == [("a", "last heartbeat"), ("b", "last heartbeat"),
+                             ("b", "partitions"), ("b", "silent")]
     moved = next(e for e in events if e["event"] == "partitions")
     assert moved["detail"] == "[3, 4, 5] -> [0, 1, 2, 3, 4, 5]"
+    silent = next(e for e in events if e["event"] == "silent")
+    assert silent["detail"] == "no heartbeat for 8s"
+
+
+def test_report_of_a_day_counts_that_day_only(isolated: Isolated, tmp_path: Path) -> None:
+    """Three days on one topic and one ledger: each day's figures are its own, and the
+    settled day's audit report ignores the days before and after it."""
+    from settlement.report.facts import ledger_facts
+
+    days = ["2026-11-24", "2026-11-25", "2026-11-26"]
+    sims = {}
+    for i, day in enumerate(days):  # a different size and mix each day
+        sims[day] = ingest_day(isolated.env, tmp_path / day, day, ["a"], "separate",
+                               trades=1500 + 700 * i, seed=11 + i)
+    assert len({s["malformed_injected"] for s in sims.values()}) > 1
+    windows = []
+    for day in days:
+        led = ledger_facts(isolated.settings, day)["a"]
+        sim = sims[day]
+        assert sum(led["dead_letters_by_reason"].values()) == sim["malformed_injected"], day
+        site = led["sites"]["a"]
+        assert site["trades_ingested"] == sim["trades"], day
+        assert site["duplicates_suppressed"] == sim["duplicates_injected"], day
+        assert sum(sum(v) for v in led["ingest_series"]["sites"].values()) == sim["trades"]
+        start, end = led["ingest_window"]
+        assert end is not None and (start is None) == (day == days[0])
+        # A site that ingests a small day in one batch may beat only after the close: that
+        # beat is in the next day's window (the windows are consecutive).
+        for beats in led["heartbeats"].values():
+            assert (start is None or beats["first"] > start) and beats["last"] <= end
+        assert all((start is None or e["at"] > start) and e["at"] <= end
+                   for e in led["failover_events"])
+        windows.append((start, end))
+    # consecutive, non-overlapping windows: each ends where the next begins
+    assert windows[0][1] == windows[1][0] and windows[1][1] == windows[2][0]
+
+    steps: list[str] = []
+    mid = days[1]
+    out = run_eod(isolated.settings, mid, progress=steps.append)
+    assert out["validation_success"] is True, out["validation"]
+    order = ["choosing the source", "reading the day", "settling", "validating", "publishing",
+             "writing the audit report"]
+    at = [next(i for i, st in enumerate(steps) if o in st) for o in order]
+    assert at == sorted(at), steps
+    facts = json.loads(Path(out["report_json"]).read_text())
+    led = facts["ledgers"]["a"]
+    assert facts["trades"] == sims[mid]["trades"]
+    assert sum(led["dead_letters_by_reason"].values()) == sims[mid]["malformed_injected"]
+    assert led["sites"]["a"]["trades_ingested"] == sims[mid]["trades"]
+    assert led["sites"]["a"]["duplicates_suppressed"] == sims[mid]["duplicates_injected"]
+    html = Path(out["report_path"]).read_text()
+    assert 'data-window="ingest"' in html and windows[1][0][:19].replace("T", " ") in html
 
 
 def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:

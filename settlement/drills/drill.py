@@ -30,6 +30,7 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,8 +213,12 @@ def _check_preconditions(settings: Settings, spec: DrillSpec) -> None:
 
 
 def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
-              log_dir: Path | None = None) -> DrillResult:
+              log_dir: Path | None = None,
+              progress: Callable[[str], None] | None = None) -> DrillResult:
+    """One drill; ``progress`` is told each phase as it starts (a drill takes minutes)."""
     from settlement import services
+
+    say = progress or (lambda _step: None)
 
     base = base or load_settings()
     _check_preconditions(base, spec)
@@ -226,6 +231,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     reset_namespace(settings)
     env = _env(base, ns)
     logs = log_dir or base.state_dir / "drills" / name
+    say(f"{spec.scheme} / {spec.fault}: starting sites A and B (logs in {logs})")
     a = SiteProcesses.start("a", spec.scheme, spec.trade_date, env, logs / "site-a.log",
                             spec.processes)
     b = SiteProcesses.start("b", spec.scheme, spec.trade_date, env, logs / "site-b.log",
@@ -238,8 +244,11 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
                        "--seed", str(spec.seed), "--dup-rate", "0.01", "--bad-rate", "0.002",
                        "--abort-rate", "0.1", "--rate", str(spec.rate)], env,
                       logs / "gateway.log")
+    say(f"publishing {spec.trades:,} trades; {spec.fault} when site A has {spec.at:.0%} "
+        "of its share")
     progress = _victim_progress(settings, spec, a)
     fault_at, how = _inject(base, settings, spec, a)
+    say(f"fault injected ({spec.fault}); waiting for the day to close")
     fault_note = "; ".join(x for x in (progress.describe(), how) if x)
     sim = wait(gw, "gateway", logs / "gateway.log", 600)
     outputs = []
@@ -255,6 +264,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     if spec.fault == "broker-kill":
         services.up(base)  # bring the killed broker back for whatever runs next
 
+    say("checking the ledger(s) against an independent read of Kafka")
     day = read_kafka_day(settings, spec.trade_date)
     lost = duplicated = unexpected = nonmono = 0
     rows: dict[str, int] = {}

@@ -109,12 +109,14 @@ def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
 
 def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             validate: bool = True, reason: str | None = None,
-            accept_incomplete: str | None = None) -> dict[str, Any]:
+            accept_incomplete: str | None = None,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Settle one date: stage the results, validate them, publish only if validation passed
     (or ``accept_incomplete`` gives the operator's reason to publish anyway), report.
 
     ``reason``: when a caller (the DAG's branch) already chose the source, its reason is what
     the run records. ``validate=False`` stages the results without publishing them.
+    ``progress`` is told each step as it starts (the CLI prints it: a day takes minutes).
     """
     from settlement.report import write_report
     from settlement.spark.io import read_day
@@ -124,16 +126,22 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
 
     if accept_incomplete is not None and not accept_incomplete.strip():
         raise ValueError("--accept-incomplete needs the reason the day is published anyway")
+    say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
+    say(f"{trade_date}: choosing the source (source={source})")
     choice = _timed(timings, "choose",
                     lambda: with_reason(choose_source(settings, trade_date, source), reason))
     run_id = start_run(settings, trade_date, choice)
+    say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = settled = None
     try:
+        say("starting Spark")
         spark = build_session(settings, app_name=f"settlement-{trade_date}")
+        say(f"reading the day from {choice.source}")
         read = _timed(timings, "read", lambda: read_day(spark, settings, choice, trade_date))
+        say("settling (dedupe and netting)")
         settled = _timed(timings, "settle",
                          lambda: settle_day(read, trade_date, choice.source))
         result = settled.result
@@ -141,14 +149,17 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
         outcome = None
         if validate:
+            say("validating (Great Expectations)")
             outcome = _timed(result.timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, settled.trades, result.positions))
         pub = decide_publication(outcome, accept_incomplete)
+        say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:
             _timed(result.timings, "publish", lambda: publish(
                 settings, run_id, trade_date, pub.accepted_incomplete))
         report = None
         if outcome is not None:
+            say("writing the audit report")
             report = _timed(result.timings, "report", lambda: write_report(
                 settings, run_id, trade_date, choice, result, outcome, pub))
         result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)

@@ -17,38 +17,75 @@ from settlement.validation.run import ValidationOutcome
 
 TOP_OBLIGATIONS = 10
 FAILOVER_GAP = dt.timedelta(seconds=3)  # heartbeats are 1 s apart; 3 missed = a dead site
+# The open ends of an ingestion window, as bounds PostgreSQL's timestamptz can hold.
+OPEN_START = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
+OPEN_END = dt.datetime(9999, 12, 30, tzinfo=dt.UTC)
 
 
 def ledger_facts(settings: Settings, trade_date: str) -> dict[str, Any]:
+    """What each ledger recorded about ``trade_date`` and only it: dead letters by the day's
+    offsets, batches and heartbeats within the day's ingestion window (sql/queries/report.sql
+    says how both are bounded), aggregated by PostgreSQL."""
     out: dict[str, Any] = {}
-    day = {"topic": settings.topic, "trade_date": trade_date}
+    day = {"topic": settings.topic, "trade_date": trade_date,
+           "partitions": settings.partitions}
     for name in LEDGERS:
         try:
             with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
-                dead = reason_kinds(conn.execute(
-                    q("report", "dead_letters_by_reason"), {"topic": settings.topic}))
-                late = {str(p): int(n) for p, n in conn.execute(q("ledger", "late_trades"), day)}
-                loss = [{"partition": p, "from_offset": a, "to_offset": b, "site": site,
-                         "detected_at": at.isoformat()}
-                        for p, a, b, site, at in conn.execute(q("ledger", "data_loss_for_day"),
-                                                              day)]
-                sites = {s: {"duplicates_suppressed": int(d or 0), "trades_ingested": int(i or 0),
-                             "dead_letters": int(x or 0)}
-                         for s, d, i, x in conn.execute(q("report", "duplicates_by_site"))}
-                series = ingest_series(conn.execute(q("report", "ingest_batches")).fetchall())
-                beats = conn.execute(q("report", "heartbeats")).fetchall()
+                facts = day_facts(conn, day)
         except psycopg.Error:
             continue
-        if not (sites or dead or beats):
-            continue
-        out[name] = {"dead_letters_by_reason": dead, "sites": sites,
-                     "ingest_series": series,
-                     "failover_events": failover_events(beats),
-                     # trades of this day that came after its close marker (dead-lettered)
-                     "late_trades": late,
-                     # retention gaps that may have cut this day (validation fails on them)
-                     "data_loss_events": loss}
+        if facts is not None:
+            out[name] = facts
     return out
+
+
+def day_facts(conn: psycopg.Connection, day: dict[str, Any]) -> dict[str, Any] | None:
+    """One ledger's figures of one day; None when the ledger saw nothing of it."""
+    start, end = conn.execute(q("report", "ingest_window"), day).fetchone()  # type: ignore[misc]
+    window = {**day, "start_at": start or OPEN_START, "end_at": end or OPEN_END,
+              "gap": FAILOVER_GAP}
+    dead = reason_kinds(conn.execute(q("report", "dead_letters_by_reason"), day))
+    late = {str(p): int(n) for p, n in conn.execute(q("ledger", "late_trades"), day)}
+    loss = [{"partition": p, "from_offset": a, "to_offset": b, "site": site,
+             "detected_at": at.isoformat()}
+            for p, a, b, site, at in conn.execute(q("ledger", "data_loss_for_day"), day)]
+    sites = {s: {"duplicates_suppressed": int(d or 0), "trades_ingested": int(i or 0),
+                 "dead_letters": int(x or 0)}
+             for s, d, i, x in conn.execute(q("report", "duplicates_by_site"), window)}
+    series = ingest_series(conn.execute(q("report", "ingest_batches"), window).fetchall())
+    events = heartbeat_events(conn.execute(q("report", "heartbeat_events"), window).fetchall())
+    beats = {s: {"heartbeats": int(n), "first": a.isoformat(), "last": b.isoformat()}
+             for s, n, a, b in conn.execute(q("report", "heartbeat_stats"), window)}
+    if not (sites or dead or beats or late or loss):
+        return None
+    return {"dead_letters_by_reason": dead, "sites": sites,
+            # null: open (no earlier day in this ledger / the day is not closed yet)
+            "ingest_window": [start and start.isoformat(), end and end.isoformat()],
+            "ingest_series": series,
+            "heartbeats": beats,
+            "failover_events": events,
+            # trades of this day that came after its close marker (dead-lettered)
+            "late_trades": late,
+            # retention gaps that may have cut this day (validation fails on them)
+            "data_loss_events": loss}
+
+
+def heartbeat_events(rows: list[tuple[str, dt.datetime, list[int], dt.datetime | None,
+                                      list[int] | None, bool]]) -> list[dict[str, Any]]:
+    """Events from the rows of the heartbeat_events query (only the beats that matter)."""
+    events: list[dict[str, Any]] = []
+    for site, at, parts, prev_at, prev_parts, is_last in rows:
+        if prev_at is not None and at - prev_at > FAILOVER_GAP:
+            events.append({"site": site, "at": prev_at.isoformat(), "event": "silent",
+                           "detail": f"no heartbeat for {(at - prev_at).total_seconds():.0f}s"})
+        if prev_parts is not None and sorted(parts) != sorted(prev_parts):
+            events.append({"site": site, "at": at.isoformat(), "event": "partitions",
+                           "detail": f"{sorted(prev_parts)} -> {sorted(parts)}"})
+        if is_last:
+            events.append({"site": site, "at": at.isoformat(), "event": "last heartbeat",
+                           "detail": "the site's final beat in this day's window"})
+    return sorted(events, key=lambda e: e["at"])
 
 
 def reason_kinds(rows: Any) -> dict[str, int]:
@@ -74,26 +111,6 @@ def ingest_series(batches: list[tuple[str, dt.datetime, int]], buckets: int = 60
         row[min(int((at - start).total_seconds() // width), n - 1)] += int(inserted or 0)
     return {"start": start.isoformat(), "end": end.isoformat(),
             "seconds_per_bucket": round(width, 3), "sites": sites}
-
-
-def failover_events(beats: list[tuple[str, dt.datetime, list[int]]]) -> list[dict[str, Any]]:
-    """Heartbeat gaps (a site stopped beating) and partition ownership changes."""
-    events: list[dict[str, Any]] = []
-    last: dict[str, tuple[dt.datetime, list[int]]] = {}
-    for site, at, parts in beats:
-        prev = last.get(site)
-        if prev is not None:
-            if at - prev[0] > FAILOVER_GAP:
-                events.append({"site": site, "at": prev[0].isoformat(), "event": "silent",
-                               "detail": f"no heartbeat for {(at - prev[0]).total_seconds():.0f}s"})
-            if sorted(parts) != sorted(prev[1]):
-                events.append({"site": site, "at": at.isoformat(), "event": "partitions",
-                               "detail": f"{sorted(prev[1])} -> {sorted(parts)}"})
-        last[site] = (at, parts)
-    for site, (at, _) in last.items():
-        events.append({"site": site, "at": at.isoformat(), "event": "last heartbeat",
-                       "detail": "the site's final beat in this ledger"})
-    return sorted(events, key=lambda e: e["at"])
 
 
 def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,

@@ -146,6 +146,12 @@ def render_html(f: dict[str, Any]) -> str:
                        for o in f["largest_obligations"]], {1, 3, 4, 5}))
     for name, led in f["ledgers"].items():
         out.append(f"<h2>Ledger {_e(name)}</h2>")
+        start, end = led.get("ingest_window") or (None, None)
+        out.append('<p class="muted" data-window="ingest">Figures of this day only: dead '
+                   "letters by the day's offsets, batches and heartbeats committed after "
+                   f"{_e(start[:19].replace('T', ' ') + ' UTC') if start else 'the start'} "
+                   f"and up to {_e(end[:19].replace('T', ' ') + ' UTC') if end else 'now'} "
+                   "(the previous and this day's last close markers).</p>")
         out.append("<h3>Trades ingested per site over the day</h3>")
         out.append(ingest_chart(led["ingest_series"]))
         out.append(_table(["site", "trades ingested", "duplicates suppressed", "dead letters"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from settlement.config import Settings
+from settlement.errors import redact
 from settlement.services.kafka import EmbeddedKafka
 from settlement.services.postgres import EmbeddedPostgres
 from settlement.services.procs import ServiceError
@@ -14,10 +15,11 @@ __all__ = ["ServiceError", "up", "down", "status"]
 
 
 def _endpoints(settings: Settings, brokers: int) -> dict[str, Any]:
+    # Printed and logged: DSNs without their passwords.
     return {
         "kafka_bootstrap": settings.bootstrap(brokers),
-        "postgres_dsn": settings.settlement_dsn,
-        "ledger_dsns": settings.ledger_dsns(),
+        "postgres_dsn": redact(settings.settlement_dsn),
+        "ledger_dsns": {k: redact(v) for k, v in settings.ledger_dsns().items()},
     }
 
 

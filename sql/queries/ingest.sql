@@ -97,6 +97,11 @@ values (%(site)s, %(messages)s, %(inserted)s, %(duplicates)s, %(dead_letters)s,
 insert into site_heartbeats (site, scheme, partitions, trades_total)
 values (%(site)s, %(scheme)s, %(partitions)s, %(trades_total)s)
 
+-- name: prune_heartbeats
+-- Heartbeat retention (SETTLE_HEARTBEAT_RETENTION_DAYS): one row per site per second would
+-- otherwise grow without bound. Every site's old beats, so a retired site's go too.
+delete from site_heartbeats where beat_at < now() - make_interval(days => %(days)s)
+
 -- name: closed_partitions
 select count(*) from close_markers where trade_date = %(trade_date)s
 

@@ -1,0 +1,218 @@
+"""`settle status`: are the sites healthy and caught up, and how did the last days settle?
+
+Read only, from the sources of truth: heartbeats, close markers, dead letters and stored
+positions in each ledger (offsets live there, not in Kafka's committed offsets), the high
+watermarks from Kafka, and the runs from the settlement database. The verdict is a list of
+problems; no problem means healthy (exit 0), which a liveness or readiness probe can use.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from settlement.config import LEDGERS, Settings
+from settlement.db import q
+from settlement.errors import START_SERVICES, redact
+
+BEGINNING = -1  # a stored next_offset meaning "from the start of the partition"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What counts as unhealthy. A site that has not beaten for ``forget_after`` seconds is
+    taken as retired (a scheme switch, a decommissioned site) rather than down."""
+
+    max_heartbeat_age: float = 15.0
+    max_lag: int = 10_000
+    max_lag_seconds: float = 120.0
+    forget_after: float = 3600.0
+
+
+def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, Any]:
+    limits = limits or Thresholds()
+    problems: list[str] = []
+    kafka = kafka_watermarks(settings)
+    if kafka.get("error"):
+        problems.append(f"Kafka is not reachable at {settings.bootstrap()}: {START_SERVICES}")
+    ledgers: dict[str, Any] = {}
+    unreachable: list[str] = []
+    for name in LEDGERS:
+        try:
+            led = ledger_status(settings, name, kafka.get("high", {}))
+        except psycopg.OperationalError as e:
+            unreachable.append(name)
+            ledgers[name] = {"reachable": False, "error": redact(str(e).strip())[:300]}
+            continue
+        if led is not None:
+            ledgers[name] = led
+    if unreachable:
+        problems.append(f"ledger database(s) {', '.join(unreachable)} not reachable: "
+                        f"{START_SERVICES}")
+    if not kafka.get("error"):
+        probe_lag_seconds(settings, ledgers)
+    runs = settlement_runs(settings)
+    if runs.get("error"):
+        problems.append(f"settlement database not reachable: {START_SERVICES}")
+    problems += judge(ledgers, runs, limits, kafka_ok=not kafka.get("error"))
+    return {"healthy": not problems, "problems": problems,
+            "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "topic": settings.topic, "kafka": kafka, "ledgers": ledgers,
+            "settlement": runs, "thresholds": limits.__dict__}
+
+
+def judge(ledgers: dict[str, Any], runs: dict[str, Any], limits: Thresholds,
+          kafka_ok: bool) -> list[str]:
+    problems: list[str] = []
+    live = 0
+    for name, led in ledgers.items():
+        if not led.get("reachable"):
+            continue
+        for site, s in led["sites"].items():
+            age = s["age_seconds"]
+            if age <= limits.max_heartbeat_age:
+                live += 1
+            elif age <= limits.forget_after:
+                problems.append(f"site {site} (ledger {name}): last heartbeat {age:.0f}s ago "
+                                f"(limit {limits.max_heartbeat_age:.0f}s): is it running?")
+        for p, o in led["partitions"].items():
+            if o.get("lag") is not None and o["lag"] > limits.max_lag:
+                problems.append(f"ledger {name} partition {p}: {o['lag']} messages behind "
+                                f"(limit {limits.max_lag})")
+            if o.get("lag_seconds") is not None and o["lag_seconds"] > limits.max_lag_seconds:
+                problems.append(f"ledger {name} partition {p}: {o['lag_seconds']:.0f}s behind "
+                                f"(limit {limits.max_lag_seconds:.0f}s)")
+    if kafka_ok and not live:
+        problems.append("no site is running (no heartbeat in the last "
+                        f"{limits.max_heartbeat_age:.0f}s): start `settle site run`")
+    latest = (runs.get("runs") or [None])[0]
+    if latest is not None and latest["status"] != "succeeded":
+        problems.append(f"the last settlement of {latest['trade_date']} (run "
+                        f"{latest['run_id']}) {latest['status']}: {latest.get('error') or ''}"
+                        .rstrip(": "))
+    return problems
+
+
+def kafka_watermarks(settings: Settings, timeout: float = 5.0) -> dict[str, Any]:
+    """Low and high watermark per partition of the topic, or the error."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    c = Consumer({**settings.kafka_client_config(), "group.id": "settle-status",
+                  "enable.auto.commit": False, "log_level": 0,
+                  "socket.timeout.ms": int(timeout * 1000)})
+    try:
+        md = c.list_topics(settings.topic, timeout=timeout)
+        t = md.topics.get(settings.topic)
+        if t is None or t.error is not None or not t.partitions:
+            return {"error": f"topic {settings.topic} not found"}
+        low: dict[int, int] = {}
+        high: dict[int, int] = {}
+        for p in sorted(t.partitions):
+            low[p], high[p] = c.get_watermark_offsets(TopicPartition(settings.topic, p),
+                                                      timeout=timeout)
+        return {"low": low, "high": high}
+    except KafkaException as e:
+        # The code only (e.g. _TRANSPORT): the problem line says what to do.
+        err = e.args[0] if e.args else None
+        return {"error": f"not reachable at {settings.bootstrap()}"
+                         + (f" ({err.name()})" if hasattr(err, "name") else "")}
+    finally:
+        c.close()
+
+
+def ledger_status(settings: Settings, name: str, high: dict[int, int]) -> dict[str, Any] | None:
+    """One ledger's view; None if no site ever wrote to it (e.g. the shared ledger in the
+    separate scheme)."""
+    with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+        beats = conn.execute(q("status", "last_heartbeats")).fetchall()
+        offsets = conn.execute(q("status", "stored_offsets"), {"topic": settings.topic}
+                               ).fetchall()
+        if not (beats or offsets):
+            return None
+        row = conn.execute(q("ingest", "newest_day")).fetchone()
+        day = row[0].isoformat() if row and row[0] else None
+        markers = dead = 0
+        if day is not None:
+            args = {"topic": settings.topic, "trade_date": day,
+                    "partitions": settings.partitions}
+            markers = conn.execute(q("ingest", "closed_partitions"), args).fetchone()[0]  # type: ignore[index]
+            dead = sum(int(n) for _, n in conn.execute(q("report", "dead_letters_by_reason"),
+                                                       args))
+    sites = {site: {"scheme": scheme, "last_heartbeat": at.isoformat(timespec="seconds"),
+                    "age_seconds": round(float(age), 1), "partitions": list(parts),
+                    "trades_total": int(total)}
+             for site, scheme, at, age, parts, total in beats}
+    partitions: dict[str, Any] = {}
+    for group, p, stored, owner, updated in offsets:
+        h = high.get(int(p))
+        lag = None if h is None else max(h - (0 if stored == BEGINNING else int(stored)), 0)
+        partitions[str(p)] = {"group": group, "stored": int(stored), "high": h, "lag": lag,
+                              "lag_seconds": None if lag is None else 0.0 if lag == 0 else None,
+                              "last_writer": owner,
+                              "updated_at": updated.isoformat(timespec="seconds")}
+    return {"reachable": True, "sites": sites, "partitions": partitions, "day": day,
+            "close_markers": markers, "partitions_total": settings.partitions,
+            "closed": markers >= settings.partitions,
+            "dead_letters_today": dead}
+
+
+def probe_lag_seconds(settings: Settings, ledgers: dict[str, Any], timeout: float = 5.0
+                      ) -> None:
+    """Lag in seconds: the age of the first committed message a ledger has not stored yet.
+    A partition whose remaining offsets are only transaction markers or aborted messages
+    (read_committed skips them) has nothing to read: its lag is 0."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    todo = [(int(p), o) for led in ledgers.values() if led.get("reachable")
+            for p, o in led["partitions"].items() if o.get("lag")]
+    if not todo:
+        return
+    c = Consumer({**settings.kafka_client_config(), "group.id": "settle-status",
+                  "enable.auto.commit": False, "isolation.level": "read_committed",
+                  "enable.partition.eof": True, "log_level": 0})
+    try:
+        for p, o in todo:  # one ledger partition at a time: positions differ per ledger
+            start = o["stored"]
+            c.assign([TopicPartition(settings.topic, p,
+                                     OFFSET_BEGINNING if start == BEGINNING else start)])
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                m = c.poll(0.5)
+                if m is None:
+                    continue
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        o["lag"], o["lag_seconds"] = 0, 0.0
+                        o["note"] = "only transaction markers or aborted messages remain"
+                        break
+                    continue
+                _, ts = m.timestamp()
+                if ts > 0:
+                    o["lag_seconds"] = round(max(time.time() - ts / 1000, 0.0), 1)
+                break
+            c.unassign()
+    finally:
+        c.close()
+
+
+def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
+    """The last run of each of the newest ``days`` dates."""
+    try:
+        with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+            rows = conn.execute(q("status", "last_runs"), {"days": days}).fetchall()
+    except psycopg.OperationalError as e:
+        return {"error": redact(str(e).strip())[:300], "runs": []}
+    cols = ("trade_date", "run_id", "source", "status", "validation_success", "published",
+            "finished_at", "report_path", "error")
+    runs = []
+    for r in rows:
+        d = dict(zip(cols, r, strict=True))
+        d["trade_date"] = d["trade_date"].isoformat()
+        d["finished_at"] = d["finished_at"] and d["finished_at"].isoformat(timespec="seconds")
+        runs.append(d)
+    return {"runs": runs}

@@ -1,0 +1,27 @@
+-- Named reads of `settle status` (settlement/status.py). Read only, and cheap on a ledger of
+-- any age: an index probe per site for its last heartbeat, the offsets table, the runs' index.
+
+-- name: last_heartbeats
+-- Each site's newest heartbeat (one index probe per site on (site, beat_at)), and its age by
+-- the database clock, the one that stamped it.
+select s.site, h.scheme, h.beat_at, extract(epoch from now() - h.beat_at), h.partitions,
+       h.trades_total
+from (select distinct site from site_heartbeats) s
+cross join lateral (select scheme, beat_at, partitions, trades_total from site_heartbeats h
+                    where h.site = s.site order by beat_at desc limit 1) h
+order by s.site
+
+-- name: stored_offsets
+select consumer_group, kafka_partition, next_offset, site, updated_at
+from consumer_offsets where topic = %(topic)s
+order by consumer_group, kafka_partition
+
+-- name: last_runs
+-- The latest run of each of the newest dates, newest first.
+select r.trade_date, r.run_id, r.source, r.status, r.validation_success,
+       p.run_id is not null and p.run_id = r.run_id, r.finished_at, r.report_path, r.error
+from (select distinct on (trade_date) * from settlement_runs
+      order by trade_date desc, started_at desc) r
+left join published_days p on p.trade_date = r.trade_date
+order by r.trade_date desc
+limit %(days)s
