@@ -33,9 +33,13 @@ def run_dag(settings: Settings, dag_id: str, conf: dict[str, Any], home: Path,
     env = airflow_home_env(settings, home)
     home.mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
+    from settlement.orchestration.tasks import SPARK_POOL, SPARK_POOL_DESCRIPTION
+
     with open(log, "w") as out:
-        subprocess.run([airflow, "db", "migrate"], env=env, stdout=out,
-                       stderr=subprocess.STDOUT, check=True)
+        for cmd in (["db", "migrate"],
+                    ["pools", "set", SPARK_POOL, "1", SPARK_POOL_DESCRIPTION]):
+            subprocess.run([airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
+                           check=True)
         res = subprocess.run([sys.executable, "-m", "settlement.orchestration.dagtest", dag_id,
                               json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith('{"dag_state"')]
