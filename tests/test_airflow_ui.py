@@ -101,7 +101,7 @@ def test_login_see_dags_and_run_eod_through_the_api(standalone, tmp_path: Path) 
 
     # The providers' connection types: kafka_default and settlement_db are forms in the UI.
     hook_types = {h["connection_type"]
-                  for h in _api(base, token, "GET", "/api/v2/connections/hook_meta")}
+                  for h in _api(base, token, "GET", "/ui/connections/hook_meta")}
     assert {"kafka", "postgres", "spark", "smtp"} <= hook_types, hook_types
 
     _api(base, token, "PATCH", "/api/v2/dags/eod_settlement", {"is_paused": False})
@@ -154,7 +154,7 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         _login(page, base, password)
         page.goto(f"{base}/dags", wait_until="networkidle")
         page.get_by_role("button", name="Browse").click()  # the nav menu, as a person would
-        page.get_by_role("menuitem", name="Audit reports").click()
+        page.get_by_text("Audit reports", exact=True).first.click()
         page.wait_for_url("**/plugin/audit-reports", timeout=30_000)
         frame = page.frame_locator("iframe")
         link = frame.get_by_role("link", name=f"report {DAY} run {run_id}")
@@ -165,9 +165,8 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         page.screenshot(path=str(shots / "airflow-report-index.png"))
 
         link.click()
-        heading = frame.locator("h1")
-        heading.wait_for(timeout=60_000)
-        assert DAY in heading.inner_text()
+        # The frame navigates from the index to the report: wait for the report's own title.
+        frame.locator("h1", has_text=f"{DAY}").wait_for(timeout=60_000)
         assert frame.get_by_text("VALIDATION PASSED").count() == 1
         assert frame.locator('[data-kpi="trades settled"]').inner_text() == f"{trades:,}"
         assert page.url.endswith("/plugin/audit-reports")  # still inside Airflow's UI
