@@ -167,7 +167,7 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         link.click()
         # The frame navigates from the index to the report: wait for the report's own title.
         frame.locator("h1", has_text=f"{DAY}").wait_for(timeout=60_000)
-        assert frame.get_by_text("VALIDATION PASSED").count() == 1
+        assert frame.locator("span.verdict.pass").inner_text() == "VALIDATION PASSED"
         assert frame.locator('[data-kpi="trades settled"]').inner_text() == f"{trades:,}"
         assert page.url.endswith("/plugin/audit-reports")  # still inside Airflow's UI
         page.screenshot(path=str(shots / "airflow-report-opened.png"))
