@@ -1,26 +1,34 @@
 """
 ### End-of-day settlement
 
-Weekdays after the market close (`SETTLE_EOD_CRON`, default `30 16 * * 1-5`, `none` for
-manual runs only, in `SETTLE_EOD_TIMEZONE`, default `America/New_York`) this DAG settles
-one trade date:
+Runs on the exchange's trading days only (`SETTLE_EXCHANGE_CALENDAR`, default `XNYS`:
+holidays and weekends skipped), `SETTLE_EOD_AFTER_CLOSE_MINUTES` (default 30) after each
+session's close, early closes included; `SETTLE_EOD_CRON` replaces that with a cron
+expression, or `none` for manual runs only. It settles one trade date:
 
 1. **wait_for_close**: a reschedule-mode sensor until a ledger holds every partition's
    market-close marker for the day;
 2. **choose_source**: Kafka when it holds the whole day, else the ledger database; the
    reason is in this task's log and its `source_reason` XCom;
 3. **settle_from_kafka / settle_from_db**: the PySpark job via `spark-submit` on the
-   `spark_default` connection (master `local[2]` embedded, a cluster in production). One
-   job reads the day once, settles it, validates it in hand with Great Expectations (no
-   trade lost, none duplicated, sites reconcile, netting balances), publishes the results
-   and writes the audit report (HTML + JSON, also in PostgreSQL);
-4. **publish_report**: reads the run's record, names the report; fails the run if
-   validation failed.
+   `spark_default` connection (master `local[2]` embedded, a cluster in production), one
+   slot of the `spark` pool. One job reads the day once, settles it, validates it in hand
+   with Great Expectations (no trade lost, none duplicated, sites reconcile, netting
+   balances), publishes the results and writes the audit report (HTML + JSON, also in
+   PostgreSQL);
+4. **publish_report**: reads the run's record, names the report (Browse > Audit reports
+   opens it); fails the run if validation failed; a published day updates the
+   `settled_trading_day` asset, which downstream DAGs can schedule on.
+
+Alerts (e-mail to `SETTLE_ALERT_EMAIL` via `smtp_default`, and/or `SETTLE_ALERT_WEBHOOK`;
+runbook in docs/operations.md): a task failed, the day was settled from the database, the
+day is not settled `SETTLE_EOD_CUTOFF_MINUTES` (default 180) after the run was queued.
 
 Params: `trade_date` (YYYY-MM-DD, default: the scheduled day), `source` (auto|kafka|db) and
 `accept_incomplete` (a reason to publish a day that fails validation; recorded).
 Connections: `kafka_default`, `settlement_db`, `ledger_a`, `ledger_b`, `ledger_shared`,
-`spark_default`. Logic lives in `settlement.orchestration.tasks`; reruns of a date are idempotent.
+`spark_default`, `smtp_default`. Logic lives in `settlement.orchestration`; reruns of a date
+are idempotent.
 """
 
 from __future__ import annotations
@@ -30,21 +38,26 @@ import datetime as dt
 import pendulum
 from airflow.sdk import Param, PokeReturnValue, dag, task
 
+from settlement.config import load_settings
 from settlement.orchestration import tasks as orch
 from settlement.orchestration.operators import SettlementSparkSubmitOperator
+
+SETTINGS = load_settings()  # no network: the calendar is loaded when the scheduler asks
 
 
 @dag(
     dag_id="eod_settlement",
-    schedule=orch.EOD_CRON,
+    schedule=orch.eod_schedule(SETTINGS),
     start_date=pendulum.datetime(2026, 1, 1, tz=orch.EOD_TIMEZONE),
+    deadline=orch.eod_deadline(SETTINGS),
     catchup=False,
     max_active_runs=1,
     render_template_as_native_obj=True,
     tags=["settlement", "eod"],
     doc_md=__doc__,
     default_args={"retries": 2, "retry_delay": dt.timedelta(minutes=1),
-                  "execution_timeout": dt.timedelta(hours=1), "owner": "operations"},
+                  "execution_timeout": dt.timedelta(hours=1), "owner": "operations",
+                  "on_failure_callback": orch.on_task_failure},
     params={
         "trade_date": Param(None, type=["null", "string"], format="date",
                             description="YYYY-MM-DD; empty = the scheduled day"),
@@ -92,11 +105,13 @@ def eod_settlement() -> None:
                 "--accept-incomplete", "{{ params.accept_incomplete or '' }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
+            pool=orch.SPARK_POOL,
         )
 
-    @task(trigger_rule="none_failed_min_one_success")
-    def publish_report(day: str) -> str:
-        return orch.publish_report(orch.run_outcome(orch.settings_from_airflow(), day))
+    @task(trigger_rule="none_failed_min_one_success", outlets=[orch.settled_day_asset()])
+    def publish_report(day: str, outlet_events=None) -> str:
+        settings = orch.settings_from_airflow()
+        return orch.publish_report(settings, orch.run_outcome(settings, day), outlet_events)
 
     job = prepare()
     day = wait_for_close(job)

@@ -17,6 +17,9 @@ session timeout; the stale batch is refused when it wakes), `db-restart`
 (PostgreSQL crash-restart), `broker-kill` (one of three brokers; needs
 `settle services up --brokers 3`). The task output is the verdict; the HTML page's path is
 in the log. A drill that loses or duplicates anything fails the run.
+
+Registered only when drills are enabled (`SETTLE_DRILLS_ENABLED`, on by default for the
+embedded setup, off in docker-compose.yml): a drill injects faults into the sites it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 
 import pendulum
 from airflow.sdk import Param, dag, task
+
+from settlement.orchestration.tasks import drills_enabled
 
 
 @dag(
@@ -58,4 +63,5 @@ def failover_drill() -> None:
     run_drill()
 
 
-failover_drill()
+if drills_enabled():
+    failover_drill()

@@ -156,6 +156,24 @@ class Settings(BaseSettings):
     spark_worker_cores: int = Field(1, ge=1, le=64)
     spark_worker_memory: str = "1g"
 
+    # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
+    exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
+                                   "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")
+    eod_after_close_minutes: int = Field(30, ge=0, le=720,
+                                         description="run eod_settlement this long after "
+                                                     "each session's close")
+    eod_cutoff_minutes: int = Field(180, ge=1, le=24 * 60,
+                                    description="alert when a run has not settled this long "
+                                                "after it was queued")
+    alert_email: str | None = Field(None, description="comma-separated alert recipients "
+                                                      "(sent through the smtp_default "
+                                                      "Airflow connection)")
+    alert_webhook: str | None = Field(None, description="URL an alert is POSTed to as JSON")
+    alert_smtp_conn_id: str = "smtp_default"
+    # On for the embedded/dev setup; production (docker-compose.yml) turns it off so nobody
+    # fault-injects against live sites from the Airflow UI.
+    drills_enabled: bool = True
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap(cls, v: str | None) -> str | None:
@@ -176,6 +194,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"expected a URL like postgresql://user:pass@host:5432/dbname, got {v!r}"
             )
+        return v
+
+    @field_validator("alert_email", "alert_webhook", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _webhook(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http(s) URL, got {v!r}")
         return v
 
     @field_validator("gx_dir", mode="before")

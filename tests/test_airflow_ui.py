@@ -1,4 +1,5 @@
-"""Airflow's real UI: standalone on our DAGs, a login in headless Chromium, a run via REST."""
+"""Airflow's real UI: standalone on our DAGs, a login in headless Chromium, a run via REST,
+then the day's audit report opened from the UI (Browse > Audit reports)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import signal
 import socket
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,19 +91,18 @@ def test_login_see_dags_and_run_eod_through_the_api(standalone, tmp_path: Path) 
         browser = p.chromium.launch(executable_path="/usr/bin/chromium",
                                     args=[a for a in CHROMIUM_FLAGS if a != "--headless"])
         page = browser.new_page()
-        page.goto(base)
-        page.wait_for_url("**/auth/login**", timeout=30_000)  # the real login page
-        page.locator("input[name=username]").wait_for(timeout=30_000)
-        page.fill("input[name=username]", USER)
-        page.fill("input[name=password]", password)
-        page.locator("button[type=submit]").click()
-        page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
+        _login(page, base, password)
         page.goto(f"{base}/dags", wait_until="networkidle")
         page.get_by_text("failover_drill").first.wait_for(timeout=30_000)
         assert page.get_by_text("eod_settlement").count() >= 1
         (ROOT / "test-artifacts").mkdir(exist_ok=True)
         page.screenshot(path=str(ROOT / "test-artifacts" / "airflow-dags.png"))
         browser.close()
+
+    # The providers' connection types: kafka_default and settlement_db are forms in the UI.
+    hook_types = {h["connection_type"]
+                  for h in _api(base, token, "GET", "/ui/connections/hook_meta")}
+    assert {"kafka", "postgres", "spark", "smtp"} <= hook_types, hook_types
 
     _api(base, token, "PATCH", "/api/v2/dags/eod_settlement", {"is_paused": False})
     run = _api(base, token, "POST", "/api/v2/dags/eod_settlement/dagRuns",
@@ -114,3 +115,61 @@ def test_login_see_dags_and_run_eod_through_the_api(standalone, tmp_path: Path) 
         state = _api(base, token, "GET",
                      f"/api/v2/dags/eod_settlement/dagRuns/{run_id}")["state"]
     assert state == "success", f"eod_settlement run {run_id} ended {state}"
+    _open_report_from_the_ui(base, password, iso)
+
+
+def _login(page: Any, base: str, password: str) -> None:
+    page.goto(base)
+    page.wait_for_url("**/auth/login**", timeout=30_000)  # the real login page
+    page.locator("input[name=username]").wait_for(timeout=30_000)
+    page.fill("input[name=username]", USER)
+    page.fill("input[name=password]", password)
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
+
+
+def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
+    """Browse > Audit reports lists the day's report with its verdict; its link opens the
+    report itself inside Airflow's UI."""
+    from playwright.sync_api import sync_playwright
+
+    from settlement.db import connect
+
+    with connect(iso.settings.settlement_dsn) as conn:
+        run_id, report_path, trades = conn.execute(
+            "select run_id, report_path, trades from settlement_runs where trade_date = %s"
+            " order by run_id desc limit 1", (DAY,)).fetchone()
+    # The plugin's pages are Airflow-authenticated: no session, no report.
+    try:
+        urllib.request.urlopen(f"{base}/settlement-reports/", timeout=30)
+        pytest.fail("the audit report index answered without a login")
+    except urllib.error.HTTPError as e:
+        assert e.code in (401, 403), e.code
+
+    shots = ROOT / "test-artifacts"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=[a for a in CHROMIUM_FLAGS if a != "--headless"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        _login(page, base, password)
+        page.goto(f"{base}/dags", wait_until="networkidle")
+        page.get_by_role("button", name="Browse").click()  # the nav menu, as a person would
+        page.get_by_text("Audit reports", exact=True).first.click()
+        page.wait_for_url("**/plugin/audit-reports", timeout=30_000)
+        frame = page.frame_locator("iframe")
+        link = frame.get_by_role("link", name=f"report {DAY} run {run_id}")
+        link.wait_for(timeout=60_000)
+        row = frame.locator("tr", has=link)
+        assert "validation passed, published" in row.inner_text()
+        assert "kafka" in row.inner_text()
+        page.screenshot(path=str(shots / "airflow-report-index.png"))
+
+        link.click()
+        # The frame navigates from the index to the report: wait for the report's own title.
+        frame.locator("h1", has_text=f"{DAY}").wait_for(timeout=60_000)
+        assert frame.locator("span.verdict.pass").inner_text() == "VALIDATION PASSED"
+        assert frame.locator('[data-kpi="trades settled"]').inner_text() == f"{trades:,}"
+        assert page.url.endswith("/plugin/audit-reports")  # still inside Airflow's UI
+        page.screenshot(path=str(shots / "airflow-report-opened.png"))
+        browser.close()
+    assert Path(report_path).is_file()

@@ -432,8 +432,8 @@ def test_airflow_components_share_metadata_db_and_secrets() -> None:
 
 
 def test_airflow_metadata_db_drivers_are_installed() -> None:
-    """The image has psycopg 3 but neither psycopg2 nor asyncpg: Airflow's URLs must say
-    +psycopg, including the async one (Airflow derives +asyncpg when it is unset)."""
+    """Airflow's URLs say +psycopg (psycopg 3, the project's driver), including the async one
+    (Airflow derives +asyncpg when it is unset)."""
     from sqlalchemy import create_engine
     from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -461,6 +461,33 @@ def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> N
     kafka = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])
     assert kafka["extra"]["bootstrap.servers"] == env["SETTLE_KAFKA_BOOTSTRAP"]
     assert kafka["extra"]["security.protocol"] == env["SETTLE_KAFKA_SECURITY_PROTOCOL"]
-    # Only the scheduler runs tasks (LocalExecutor): the others get no application secrets.
-    for name in ("airflow-apiserver", "airflow-dag-processor", "airflow-triggerer"):
-        assert not any(v.startswith(("SETTLE_", "AIRFLOW_CONN_")) for v in _env(SERVICES[name]))
+    # Only the scheduler runs tasks (LocalExecutor): the others get no application secrets,
+    # except what their own part needs: the api-server reads the settlement database for the
+    # audit-report pages, the triggerer for the "not settled" alert's verdict.
+    shared_ops = {"SETTLE_DRILLS_ENABLED", "SETTLE_EXCHANGE_CALENDAR",
+                  "SETTLE_EOD_AFTER_CLOSE_MINUTES", "SETTLE_EOD_CUTOFF_MINUTES"}
+    allowed = {"airflow-apiserver": {"AIRFLOW_CONN_SETTLEMENT_DB"},
+               "airflow-dag-processor": set(),
+               "airflow-triggerer": {"SETTLE_PG_DSN", "SETTLE_ALERT_EMAIL",
+                                     "SETTLE_ALERT_WEBHOOK"}}
+    for name, extra in allowed.items():
+        app_vars = {v for v in _env(SERVICES[name]) if v.startswith(("SETTLE_", "AIRFLOW_CONN_"))}
+        assert app_vars - shared_ops == extra, f"{name}: {app_vars - shared_ops}"
+
+
+def test_airflow_operations_settings() -> None:
+    """Drills are off in production; every component agrees on the calendar and the cutoff;
+    the spark pool exists before the scheduler runs anything."""
+    assert _shared("SETTLE_DRILLS_ENABLED") == "false"
+    assert _ref(_shared("SETTLE_EXCHANGE_CALENDAR")) == "SETTLE_EXCHANGE_CALENDAR"
+    assert _ref(_shared("SETTLE_EOD_CUTOFF_MINUTES")) == "SETTLE_EOD_CUTOFF_MINUTES"
+    pools = SERVICES["airflow-pools"]
+    assert pools["command"][:4] == ["pools", "set", "spark", "1"]
+    assert SERVICES["airflow-scheduler"]["depends_on"]["airflow-pools"]["condition"] == \
+        "service_completed_successfully"
+    from settlement.orchestration.tasks import SPARK_POOL
+
+    assert pools["command"][2] == SPARK_POOL
+    for name in ("airflow-scheduler", "airflow-triggerer"):
+        env = _env(SERVICES[name])
+        assert _ref(env["SETTLE_ALERT_EMAIL"]) == "SETTLE_ALERT_EMAIL", name

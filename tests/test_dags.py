@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,6 +86,59 @@ def test_eod_shape(dags: dict) -> None:
         assert dag.get_task(f"settle_from_{source}").application.endswith("spark/submit.py")
 
 
+def test_airflow_hygiene(dags: dict) -> None:
+    from settlement.orchestration.tasks import (
+        SETTLED_DAY_ASSET,
+        SPARK_POOL,
+        on_task_failure,
+        settled_day_asset,
+    )
+
+    dag = dags["eod_settlement"]
+    # One Spark job at a time: both settle tasks take the spark pool's single slot.
+    assert SPARK_POOL == "spark"
+    assert {dag.get_task(f"settle_from_{s}").pool for s in ("kafka", "db")} == {SPARK_POOL}
+    assert {t.pool for t in dag.tasks if not t.task_id.startswith("settle_from_")} == {
+        "default_pool"}
+    # The settled day is an asset downstream DAGs can schedule on.
+    (outlet,) = dag.get_task("publish_report").outlets
+    assert outlet == settled_day_asset() and outlet.name == SETTLED_DAY_ASSET
+    # Every task alerts when it fails for good.
+    for t in dag.tasks:
+        assert on_task_failure in (t.on_failure_callback or []), t.task_id
+
+
+def test_drill_dag_only_when_drills_are_enabled() -> None:
+    code = ("import json; from airflow.dag_processing.dagbag import DagBag; "
+            f"b = DagBag(dag_folder={str(ROOT / 'dags')!r}); "
+            "print(json.dumps({'dags': sorted(b.dags), 'errors': list(b.import_errors)}))")
+    seen = {}
+    for enabled in ("true", "false"):
+        env = {**os.environ, "SETTLE_DRILLS_ENABLED": enabled}
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=180)
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        assert out["errors"] == [], out
+        seen[enabled] = out["dags"]
+    assert seen == {"true": ["eod_settlement", "failover_drill"], "false": ["eod_settlement"]}
+
+
+def test_connection_types_come_from_the_providers() -> None:
+    """kafka_default and the databases are editable forms in the UI only if a provider
+    registers their connection types."""
+    from airflow.providers_manager import ProvidersManager
+
+    from settlement.config import load_settings
+    from settlement.orchestration.tasks import airflow_connections
+
+    hooks = ProvidersManager().hooks
+    for conn_type in ("kafka", "postgres", "spark", "smtp"):
+        assert hooks.get(conn_type) is not None, f"no provider for {conn_type} connections"
+    conns = airflow_connections(load_settings())
+    assert json.loads(conns["AIRFLOW_CONN_KAFKA_DEFAULT"])["conn_type"] == "kafka"
+    assert conns["AIRFLOW_CONN_SETTLEMENT_DB"].startswith("postgres://")
+
+
 def test_drill_shape(dags: dict) -> None:
     dag = dags["failover_drill"]
     assert set(dag.params) == {"scheme", "fault", "trades", "seed", "at"}
@@ -97,7 +151,9 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto
 
     for k, v in airflow_connections(getattr(iso, "settings", iso)).items():
         monkeypatch.setenv(k, v)
-    dag = _dagbag(ROOT / "dags" / "eod_settlement.py").dags["eod_settlement"]
+    from settlement.orchestration.dagtest import without_deadlines
+
+    dag = without_deadlines(_dagbag(ROOT / "dags" / "eod_settlement.py").dags["eod_settlement"])
     return dag.test(run_conf={"trade_date": day, "source": source})
 
 

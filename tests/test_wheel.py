@@ -69,6 +69,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 _PROBE = """
 import json, sysconfig
+from importlib.metadata import entry_points
 import settlement
 from settlement.config import PACKAGED_RESOURCES, resource_dir, running_from_checkout
 from settlement.db import MIGRATIONS_DIR, SQL_DIR
@@ -83,6 +84,7 @@ print(json.dumps({
     "queries": sorted(p.name for p in (SQL_DIR / "queries").glob("*.sql")),
     "gx_dir": str(gx),
     "gx_files": sorted(str(p.relative_to(gx)) for p in gx.rglob("*") if p.is_file()),
+    "airflow_plugins": sorted(ep.value for ep in entry_points(group="airflow.plugins")),
 }))
 """
 
@@ -139,6 +141,8 @@ def test_installed_wheel_runs_db_schema_outside_checkout(
     assert Path(probe["sql_dir"]).resolve().is_relative_to(purelib)
     assert probe["migrations"] == sorted(p.name for p in (ROOT / "sql/migrations").glob("*.sql"))
     assert probe["queries"] == sorted(p.name for p in (ROOT / "sql/queries").glob("*.sql"))
+    # Every Airflow component finds the plugin (reports pages, trading-day timetable) here.
+    assert "settlement.orchestration.plugin:SettlementPlugin" in probe["airflow_plugins"]
     assert Path(probe["gx_dir"]).resolve().is_relative_to(purelib)
     gx_files = set(probe["gx_files"])
     assert "great_expectations.yml" in gx_files

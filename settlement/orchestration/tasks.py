@@ -22,10 +22,17 @@ from typing import Any
 from settlement.config import Settings, load_settings
 
 LEDGER_CONNS = {"a": "ledger_a", "b": "ledger_b", "shared": "ledger_shared"}
-# Weekdays after the close; "none" makes the DAG manual-only (runs triggered by hand/API).
-_CRON = os.environ.get("SETTLE_EOD_CRON", "30 16 * * 1-5")
-EOD_CRON: str | None = None if _CRON.strip().lower() in ("", "none") else _CRON
+# The time zone of a cron schedule (SETTLE_EOD_CRON) and, when set, of the trade date a
+# scheduled run settles; unset, the trade date is the session's date in the exchange's zone.
 EOD_TIMEZONE = os.environ.get("SETTLE_EOD_TIMEZONE", "America/New_York")
+# Spark jobs take one slot of this pool (created by `make airflow`, `settle demo` and
+# docker-compose's airflow-init), so two settlements never fight over two cores.
+SPARK_POOL = "spark"
+SPARK_POOL_DESCRIPTION = "one Spark settlement job at a time"
+# Downstream DAGs schedule on this asset: an event per published trading day, its extra
+# naming the date, the run and the report.
+SETTLED_DAY_ASSET = "settled_trading_day"
+SETTLED_DAY_URI = "settlement://published_days"
 # The spark-submit application: a file, found next to this package (checkout or wheel).
 JOB = Path(__file__).resolve().parents[1] / "spark" / "submit.py"
 
@@ -89,7 +96,45 @@ def settle_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None) -> str:
+def eod_schedule(settings: Settings) -> Any:
+    """``eod_settlement``'s schedule: the exchange's trading days (the default), a cron
+    expression from ``SETTLE_EOD_CRON`` (weekdays regardless of holidays), or ``none`` for
+    manual runs only."""
+    from settlement.orchestration.calendar import TradingDayTimetable
+
+    cron = os.environ.get("SETTLE_EOD_CRON", "").strip()
+    if cron.lower() == "none":
+        return None
+    if cron:
+        return cron
+    return TradingDayTimetable(settings.exchange_calendar, settings.eod_after_close_minutes)
+
+
+def eod_deadline(settings: Settings) -> Any:
+    """The "not settled by the cutoff" alert: an Airflow deadline, ``SETTLE_EOD_CUTOFF_MINUTES``
+    after the run was queued (a scheduled run is queued at close + the delay), whose
+    callback runs in the triggerer."""
+    from airflow.sdk.definitions.callback import AsyncCallback
+    from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
+
+    return DeadlineAlert(reference=DeadlineReference.DAGRUN_QUEUED_AT,
+                         interval=dt.timedelta(minutes=settings.eod_cutoff_minutes),
+                         callback=AsyncCallback(on_deadline_missed), name="eod_cutoff")
+
+
+def settled_day_asset() -> Any:
+    from airflow.sdk import Asset
+
+    return Asset(name=SETTLED_DAY_ASSET, uri=SETTLED_DAY_URI)
+
+
+def drills_enabled() -> bool:
+    """Whether to register the failover_drill DAG (``SETTLE_DRILLS_ENABLED``)."""
+    return load_settings().drills_enabled
+
+
+def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None,
+                   calendar: str | None = None) -> str:
     """The business date of a run: the ``trade_date`` param, else the scheduled day in the
     exchange's time zone (a 16:30 New York run settles that New York day)."""
     if params.get("trade_date"):
@@ -98,8 +143,12 @@ def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None) -> 
         return check_date(str(params["trade_date"]))
     import pendulum
 
+    from settlement.orchestration.calendar import calendar_timezone
+
+    tz = os.environ.get("SETTLE_EOD_TIMEZONE") or calendar_timezone(
+        calendar or load_settings().exchange_calendar)
     when = pendulum.instance(logical_date or dt.datetime.now(dt.UTC))
-    return when.in_timezone(EOD_TIMEZONE).date().isoformat()
+    return when.in_timezone(tz).date().isoformat()
 
 
 def close_markers_in(settings: Settings, trade_date: str) -> tuple[bool, str]:
@@ -139,15 +188,30 @@ def run_outcome(settings: Settings, trade_date: str) -> dict[str, Any]:
                                                            "warnings": lines("warnings")}
 
 
-def publish_report(outcome: dict[str, Any]) -> str:
-    """Say where the audit report is; fail the run when the day was not published because
-    validation failed (the report, already written, says why). A day an operator forced
-    through is published with a warning naming their reason."""
+def publish_report(settings: Settings, outcome: dict[str, Any],
+                   outlet_events: Any = None) -> str:
+    """Say where the audit report is; alert when the day came from the database; fail the
+    run when the day was not published because validation failed (the report, already
+    written, says why). A day an operator forced through is published with a warning naming
+    their reason. A published day emits the settled-day asset event."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    from settlement.orchestration.alerts import Alert, day_verdict, deliver
+    from settlement.orchestration.links import airflow_base_url, report_url
+
     path = outcome["report_path"]
+    base = airflow_base_url()
     print(f"audit report for {outcome['trade_date']} (run {outcome['run_id']}): {path}")
+    print(f"open it in the Airflow UI: {report_url(base, outcome['run_id'])}")
     print(f"source: {outcome['source']} -- {outcome['source_reason']}")
+    if outcome["source"] == "db":
+        deliver(Alert("db_fallback", day_verdict(settings, outcome["trade_date"], base),
+                      f"Kafka could not supply the day: {outcome['source_reason']}"), settings)
+    if outcome.get("published") and outlet_events is not None:
+        outlet_events[settled_day_asset()].extra = {
+            "trade_date": outcome["trade_date"], "run_id": outcome["run_id"],
+            "source": outcome["source"], "validation_success": outcome["validation_success"],
+            "report_url": report_url(base, outcome["run_id"])}
     for warning in outcome.get("warnings", []):
         print(f"WARNING (does not block publication): {warning}")
     if outcome["validation_success"]:
@@ -178,3 +242,47 @@ def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
     if not res.passed:
         raise AirflowFailException(f"drill failed: {out}")
     return out
+
+
+def _alert_for_run(kind: str, trade_date: str, detail: str, dag_run: str | None) -> None:
+    from settlement.orchestration.alerts import Alert, day_verdict, deliver
+    from settlement.orchestration.links import airflow_base_url
+
+    try:
+        settings = settings_from_airflow()
+    except Exception:  # noqa: BLE001 - the alert must go out even without the connections
+        settings = load_settings()
+    verdict = day_verdict(settings, trade_date, airflow_base_url())
+    if kind == "late" and verdict.published:
+        print(f"{trade_date} was published meanwhile ({verdict.verdict}): not late")
+        return
+    deliver(Alert(kind, verdict, detail, dag_run), settings)  # type: ignore[arg-type]
+
+
+def on_task_failure(context: Any) -> None:
+    """eod_settlement's on_failure_callback: a task failed for good (retries spent)."""
+    from settlement.db import redact
+
+    ti = context["ti"]
+    day = trade_date_for(context.get("params") or {}, context.get("logical_date"))
+    error = redact(str(context.get("exception") or "see the task log"))[:500]
+    run = context.get("dag_run")
+    _alert_for_run("failed", day, f"task {ti.task_id} failed: {error}",
+                   getattr(run, "run_id", None))
+
+
+async def on_deadline_missed(context: dict[str, Any] | None = None, **_: Any) -> None:
+    """The eod_cutoff deadline's callback (in the triggerer): the run has not finished by
+    the cutoff. A day published meanwhile is not late."""
+    import asyncio
+
+    import pendulum
+
+    run = (context or {}).get("dag_run") or {}
+    logical = run.get("logical_date")
+    day = trade_date_for(run.get("conf") or {}, pendulum.parse(logical) if logical else None)
+    deadline = ((context or {}).get("deadline") or {}).get("deadline_time")
+    await asyncio.to_thread(
+        _alert_for_run, "late", day,
+        f"the run had not finished by the cutoff ({deadline}); state {run.get('state')}",
+        run.get("run_id"))

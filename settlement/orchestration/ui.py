@@ -51,12 +51,27 @@ def password(home: Path) -> str | None:
         return None
 
 
+def prepare_metadata(env: dict[str, str], log: Path) -> None:
+    """Migrate the metadata database and create the ``spark`` pool the settlement tasks
+    queue on (without it the scheduler never runs them)."""
+    from settlement.orchestration.tasks import SPARK_POOL, SPARK_POOL_DESCRIPTION
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+    with open(log, "ab") as out:
+        for cmd in (["db", "migrate"],
+                    ["pools", "set", SPARK_POOL, "1", SPARK_POOL_DESCRIPTION]):
+            subprocess.run([airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
+                           check=True)
+
+
 def start(settings: Settings, home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     home.mkdir(parents=True, exist_ok=True)
+    env = airflow_env(settings, home, port)
+    prepare_metadata(env, log)
     out = open(log, "ab")
     return subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"],
-                            env=airflow_env(settings, home, port), stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def wait_ready(proc: subprocess.Popen[bytes], home: Path, port: int, timeout: float = 300
@@ -97,6 +112,8 @@ def main() -> int:
         pw = wait_ready(proc, home, port)
         print(f"\n  Airflow UI: http://127.0.0.1:{port}\n  login: {USER} / {pw}\n"
               "  DAGs: eod_settlement, failover_drill (unpause, or trigger with parameters)\n"
+              f"  Audit reports: Browse > Audit reports (http://127.0.0.1:{port}/plugin/"
+              "audit-reports)\n"
               "  Ctrl-C stops Airflow; `make down` stops Kafka and PostgreSQL.\n", flush=True)
         return proc.wait()
     except KeyboardInterrupt:

@@ -1,0 +1,154 @@
+"""The audit reports in the Airflow UI: a FastAPI app that Airflow's API server mounts (see
+``settlement.orchestration.plugin``) at ``/settlement-reports``.
+
+- ``/settlement-reports/``: the index, one row per stored report (date, run, source,
+  verdict), newest first, each linking to its report;
+- ``/settlement-reports/runs/<run_id>``: the report as written (the HTML file), or, where
+  this API server cannot see the reports directory (docker-compose mounts it into the
+  scheduler only), rendered from the JSON stored in ``audit_reports``;
+- ``/settlement-reports/runs/<run_id>.json``: the JSON facts.
+
+Plugin apps are not behind Airflow's authentication by themselves: every route requires a
+logged-in Airflow user allowed to read ``eod_settlement``'s runs (the UI's session cookie
+or a bearer token, checked by Airflow's own auth manager).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+
+from settlement.db import connect, q
+from settlement.orchestration.alerts import verdict_text
+
+EOD_DAG_ID = "eod_settlement"
+INDEX_LIMIT = 500
+
+
+async def _authorized(request: Request) -> None:
+    """Airflow's own user resolution (bearer token, else the UI's session cookie: 401 without
+    either), then its auth manager's verdict on reading the end-of-day DAG's runs.
+
+    Imported here, not at the top: every Airflow process loads the plugin, and only the API
+    server needs the API's security machinery (seconds of imports)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPAuthorizationCredentials
+
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    bearer = (HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+              if scheme.lower() == "bearer" and token else None)
+    user = await get_user(request, None, bearer)
+    if not get_auth_manager().is_authorized_dag(
+            method="GET", access_entity=DagAccessEntity.RUN, details=DagDetails(id=EOD_DAG_ID),
+            user=user):
+        raise HTTPException(status_code=403, detail=f"not allowed to read {EOD_DAG_ID} runs")
+
+
+app = FastAPI(title="Settlement audit reports", dependencies=[Depends(_authorized)])
+
+
+def settlement_dsn() -> str:
+    """The settlement database: the ``settlement_db`` Airflow connection, else SETTLE_PG_DSN
+    (the embedded default)."""
+    from airflow.exceptions import AirflowNotFoundException
+    from airflow.models.connection import Connection
+
+    from settlement.config import load_settings
+
+    try:
+        uri = Connection.get_connection_from_secrets("settlement_db").get_uri()
+        return uri.replace("postgres://", "postgresql://", 1)
+    except AirflowNotFoundException:
+        return load_settings().settlement_dsn
+
+
+@dataclass(frozen=True)
+class IndexRow:
+    trade_date: str
+    run_id: int
+    source: str
+    source_reason: str
+    verdict: str
+    ok: bool
+    trades: int | None
+    created_at: str
+
+
+def report_index(dsn: str, limit: int = INDEX_LIMIT) -> list[IndexRow]:
+    with connect(dsn) as conn:
+        rows = conn.execute(q("reports_ui", "report_index"), {"limit": limit}).fetchall()
+    out = []
+    for (day, run_id, source, reason, status, success, published, accepted, error, trades,
+         created) in rows:
+        run = {"status": status, "validation_success": success, "published": published,
+               "accepted_incomplete": accepted, "error": error}
+        out.append(IndexRow(day.isoformat(), run_id, source, reason, verdict_text(run),
+                            bool(success), trades, created.strftime("%Y-%m-%d %H:%M:%S %Z")))
+    return out
+
+
+def render_index(rows: list[IndexRow]) -> str:
+    body = "".join(
+        f'<tr class="{"ok" if r.ok else "bad"}"><td>{escape(r.trade_date)}</td>'
+        f'<td class="n">{r.run_id}</td><td title="{escape(r.source_reason)}">'
+        f'{escape(r.source)}</td><td class="verdict">{escape(r.verdict)}</td>'
+        f'<td class="n">{"" if r.trades is None else f"{r.trades:,}"}</td>'
+        f"<td>{escape(r.created_at)}</td>"
+        f'<td><a href="runs/{r.run_id}">report {escape(r.trade_date)} run {r.run_id}</a>'
+        f' · <a href="runs/{r.run_id}.json">JSON</a></td></tr>' for r in rows)
+    empty = "" if rows else '<p class="muted">No audit reports yet.</p>'
+    return f"""<!doctype html><html><head><meta charset="utf-8">
+<title>Audit reports</title><style>
+body{{font:14px/1.45 system-ui,sans-serif;margin:1.5rem;color:#1b1f24}}
+table{{border-collapse:collapse;width:100%}}th,td{{border-bottom:1px solid #eaeef2;
+padding:.35rem .5rem;text-align:left}}td.n{{text-align:right}}
+tr.ok td.verdict{{color:#116329}}tr.bad td.verdict{{color:#a40e26;font-weight:600}}
+.muted{{color:#57606a}}</style></head><body>
+<h1>Audit reports</h1>
+<p class="muted">One row per end-of-day settlement run with a report, newest trade date first.
+The source's reason is in its tooltip.</p>{empty}
+<table><thead><tr><th>Trade date</th><th>Run</th><th>Source</th><th>Verdict</th>
+<th>Trades</th><th>Written</th><th>Report</th></tr></thead><tbody>{body}</tbody></table>
+</body></html>"""
+
+
+def _report(dsn: str, run_id: int) -> tuple[str, str | None, Any]:
+    with connect(dsn) as conn:
+        row = conn.execute(q("reports_ui", "report_of_run"), {"run_id": run_id}).fetchone()
+    if row is None:
+        raise HTTPException(status_code=404, detail=f"no audit report for run {run_id}")
+    day, html_path, facts = row
+    return day.isoformat(), html_path, facts
+
+
+@app.get("/", response_class=HTMLResponse)
+def index() -> HTMLResponse:
+    return HTMLResponse(render_index(report_index(settlement_dsn())))
+
+
+@app.get("/runs/{run_id}.json")
+def report_json(run_id: int) -> JSONResponse:
+    _, _, facts = _report(settlement_dsn(), run_id)
+    return JSONResponse(facts if isinstance(facts, dict) else json.loads(facts))
+
+
+@app.get("/runs/{run_id}", response_class=HTMLResponse)
+def report_html(run_id: int) -> HTMLResponse:
+    from settlement.report.html import render_html
+
+    _, html_path, facts = _report(settlement_dsn(), run_id)
+    path = Path(html_path)
+    if path.is_file():
+        return HTMLResponse(path.read_text())
+    return HTMLResponse(render_html(facts if isinstance(facts, dict) else json.loads(facts)))
