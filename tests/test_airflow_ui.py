@@ -169,7 +169,9 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         frame.locator("h1", has_text=f"{DAY}").wait_for(timeout=60_000)
         assert frame.locator("span.verdict.pass").inner_text() == "VALIDATION PASSED"
         assert frame.locator('[data-kpi="trades settled"]').inner_text() == f"{trades:,}"
-        assert page.url.endswith("/plugin/audit-reports")  # still inside Airflow's UI
+        # Still inside Airflow's UI, which mirrors the framed page's path in its own URL.
+        assert "/plugin/audit-reports/settlement-reports/runs/" in page.url, page.url
+        assert page.get_by_role("button", name="Browse").is_visible()
         page.screenshot(path=str(shots / "airflow-report-opened.png"))
         browser.close()
     assert Path(report_path).is_file()
