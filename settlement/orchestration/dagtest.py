@@ -27,19 +27,27 @@ def airflow_home_env(settings: Settings, home: Path) -> dict[str, str]:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+def prepare_metadata(env: dict[str, str], log: Path) -> None:
+    """Migrate the metadata database and create the ``spark`` pool the settlement tasks
+    queue on (without it the scheduler never runs them)."""
+    from settlement.orchestration.tasks import SPARK_POOL, SPARK_POOL_DESCRIPTION
+
+    airflow = str(Path(sys.executable).parent / "airflow")
+    with open(log, "ab") as out:
+        for cmd in (["db", "migrate"],
+                    ["pools", "set", SPARK_POOL, "1", SPARK_POOL_DESCRIPTION]):
+            subprocess.run([airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
+                           check=True)
+
+
 def run_dag(settings: Settings, dag_id: str, conf: dict[str, Any], home: Path,
             log: Path) -> str:
     """Migrate the metadata database if needed, run the DAG once; returns its final state."""
     env = airflow_home_env(settings, home)
     home.mkdir(parents=True, exist_ok=True)
-    airflow = str(Path(sys.executable).parent / "airflow")
-    from settlement.orchestration.tasks import SPARK_POOL, SPARK_POOL_DESCRIPTION
-
-    with open(log, "w") as out:
-        for cmd in (["db", "migrate"],
-                    ["pools", "set", SPARK_POOL, "1", SPARK_POOL_DESCRIPTION]):
-            subprocess.run([airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
-                           check=True)
+    log.write_text("")
+    prepare_metadata(env, log)
+    with open(log, "ab") as out:
         res = subprocess.run([sys.executable, "-m", "settlement.orchestration.dagtest", dag_id,
                               json.dumps(conf)], env=env, stdout=out, stderr=subprocess.STDOUT)
     lines = [ln for ln in log.read_text().splitlines() if ln.startswith('{"dag_state"')]

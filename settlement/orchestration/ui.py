@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from settlement.config import REPO_ROOT, Settings, load_settings
+from settlement.orchestration.dagtest import prepare_metadata
 from settlement.orchestration.tasks import airflow_connections
 from settlement.services.procs import port_open
 
@@ -49,19 +50,6 @@ def password(home: Path) -> str | None:
         return json.loads(f.read_text()).get(USER)
     except (FileNotFoundError, ValueError):
         return None
-
-
-def prepare_metadata(env: dict[str, str], log: Path) -> None:
-    """Migrate the metadata database and create the ``spark`` pool the settlement tasks
-    queue on (without it the scheduler never runs them)."""
-    from settlement.orchestration.tasks import SPARK_POOL, SPARK_POOL_DESCRIPTION
-
-    airflow = str(Path(sys.executable).parent / "airflow")
-    with open(log, "ab") as out:
-        for cmd in (["db", "migrate"],
-                    ["pools", "set", SPARK_POOL, "1", SPARK_POOL_DESCRIPTION]):
-            subprocess.run([airflow, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
-                           check=True)
 
 
 def start(settings: Settings, home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
