@@ -129,9 +129,11 @@ def build_session(
     jars = spark_jars(settings)
     if jars:
         wanted["spark.jars"] = ",".join(jars)
+    # A setting like the others: spark-submit's --name (the DAG names its task's job) wins.
+    wanted["spark.app.name"] = app_name
     wanted.update(conf or {})
 
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder
     if _launched_by_spark_submit():
         existing = SparkConf()  # the JVM is already up: this reads spark-submit's settings
         wanted = {k: v for k, v in wanted.items() if not existing.contains(k)}
