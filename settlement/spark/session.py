@@ -129,11 +129,19 @@ def build_session(
     jars = spark_jars(settings)
     if jars:
         wanted["spark.jars"] = ",".join(jars)
+    # A setting like the others: spark-submit's --name (the DAG names its task's job) wins.
+    wanted["spark.app.name"] = app_name
     wanted.update(conf or {})
 
-    builder = SparkSession.builder.appName(app_name)
+    builder = SparkSession.builder
     if _launched_by_spark_submit():
-        existing = SparkConf()  # the JVM is already up: this reads spark-submit's settings
+        from pyspark import SparkContext
+
+        # Connect to spark-submit's JVM first: before that SparkConf() is a plain Python dict
+        # that knows none of the submitter's settings (so --name, --jars, --conf were
+        # silently overridden).
+        SparkContext._ensure_initialized()
+        existing = SparkConf()  # now reads spark-submit's settings from the JVM
         wanted = {k: v for k, v in wanted.items() if not existing.contains(k)}
     else:
         builder = builder.master(settings.spark_master)
