@@ -13,6 +13,8 @@ import datetime as dt
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 import orjson
 
@@ -152,8 +154,23 @@ def _check_json_limits(raw: bytes, obj: dict[str, object]) -> None:
     json.loads(raw, object_pairs_hook=pairs, parse_int=number, parse_float=number)
 
 
-def trade_copy_line(obj: dict[str, object], partition: int, offset: int, site: str) -> str:
-    """Validate a trade and return its COPY text line (tab-separated, newline-terminated)."""
+class TradeValues(NamedTuple):
+    """A trade's fields once the contract has accepted them, as they were on the wire
+    (``price``, ``trade_date`` and ``executed_at`` keep their exact text)."""
+
+    trade_id: str
+    trade_date: str
+    seq: int
+    symbol: str
+    price: str
+    quantity: int
+    buyer: str
+    seller: str
+    executed_at: str
+
+
+def trade_values(obj: dict[str, object]) -> TradeValues:
+    """Validate a trade against the contract; raises ``Malformed`` with the reason."""
     try:
         trade_id = obj["trade_id"]
         trade_date = obj["trade_date"]
@@ -195,10 +212,22 @@ def trade_copy_line(obj: dict[str, object], partition: int, offset: int, site: s
     if _EXECUTED_AT.fullmatch(executed_at) is None or not _is_date(executed_at[:10]):
         raise Malformed(
             f"executed_at is not ISO-8601 with seconds and a zone: {executed_at[:40]!r}")
-    if "\\" in texts:
-        # Control characters are refused above, so a backslash is all COPY needs escaped.
+    return _TRADE_VALUES(  # type: ignore[call-arg]
+        (trade_id, trade_date, seq, symbol, price, quantity, buyer, seller, executed_at))
+
+
+# tuple.__new__ without the keyword handling of the generated __new__: this runs per message.
+_TRADE_VALUES = partial(tuple.__new__, TradeValues)
+
+
+def trade_copy_line(obj: dict[str, object], partition: int, offset: int, site: str) -> str:
+    """Validate a trade and return its COPY text line (tab-separated, newline-terminated)."""
+    trade_id, trade_date, seq, symbol, price, quantity, buyer, seller, executed_at = (
+        trade_values(obj))
+    if "\\" in trade_id or "\\" in symbol or "\\" in buyer or "\\" in seller:
+        # Control characters are refused, so a backslash is all COPY needs escaped.
         trade_id, symbol, buyer, seller = (
-            s.replace("\\", "\\\\") for s in (trade_id, symbol, buyer, seller))  # type: ignore[attr-defined]
+            s.replace("\\", "\\\\") for s in (trade_id, symbol, buyer, seller))
     return (
         f"{trade_id}\t{trade_date}\t{seq}\t{partition}\t{offset}\t{symbol}\t{price}\t"
         f"{quantity}\t{buyer}\t{seller}\t{executed_at}\t{site}\n"

@@ -14,7 +14,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from settlement.contract import MAX_DEPTH, MAX_QUANTITY, MAX_SEQ
 from settlement.spark import schemas as S
-from settlement.spark.parse import classify_kafka_values, parse_kafka_values, split_classified
+from settlement.spark.parse import (
+    classify_kafka_values,
+    first_copies,
+    parse_kafka_values,
+    split_classified,
+)
 from tests.spark_fixtures import spark  # noqa: F401
 
 DAY = dt.date(2024, 3, 15)
@@ -47,48 +52,53 @@ def same(actual: DataFrame, expected: DataFrame) -> None:
 
 
 OVERSIZED = {**GOOD, "pad": "x" * 300}
-PRICE_RULE = "price must be a positive decimal string fitting numeric(18,4), no leading zeros"
+PRICE_RULE = "price must be a positive decimal with at most 14 integer digits, no leading zeros"
+# offset -> (value, what its dead-letter reason must say): the consumer sites' reasons, since
+# the classifier runs their parser.
 MALFORMED = {
-    1: (b'{"trade_id": "T-2", "seq": ', "invalid JSON: not an object"),
-    2: (b"not json", "invalid JSON: not an object"),
-    3: (b"{'trade_id': 'T-3'}", "invalid JSON"),
-    4: (b'{"trade_id": "\xff\xfe"}', "invalid UTF-8"),
-    5: (None, "empty value"),
-    6: ({**GOOD, "price": 12.5}, "field price is not a string"),  # a float never gets in
-    7: ({**GOOD, "quantity": "3"}, "field quantity is not an integer"),
-    8: ({**GOOD, "quantity": 2.5}, "field quantity is not an integer"),
-    9: ({k: v for k, v in GOOD.items() if k != "buyer"}, "missing field buyer"),
-    10: ({**GOOD, "seller": "A"}, "buyer equals seller"),
-    11: ({**GOOD, "quantity": -4}, f"quantity must be in [1, {MAX_QUANTITY}]"),
+    1: (b'{"trade_id": "T-2", "seq": ', "invalid JSON: unexpected end of data"),
+    2: (b"not json", "invalid JSON: invalid literal"),
+    3: (b"{'trade_id': 'T-3'}", "invalid JSON: unexpected character, expected a string key"),
+    4: (b'{"trade_id": "\xff\xfe"}', "invalid UTF-8 at byte 14"),
+    5: (None, "empty message (null value)"),
+    6: ({**GOOD, "price": 12.5}, "price must be a decimal string, got float"),  # never a float
+    7: ({**GOOD, "quantity": "3"}, "quantity must be an integer, got str"),
+    8: ({**GOOD, "quantity": 2.5}, "quantity must be an integer, got float"),
+    9: ({k: v for k, v in GOOD.items() if k != "buyer"}, "missing field 'buyer'"),
+    10: ({**GOOD, "seller": "A"}, "buyer equals seller ('A')"),
+    11: ({**GOOD, "quantity": -4}, f"quantity must be in [1, {MAX_QUANTITY}], got -4"),
     12: ({**GOOD, "price": "0.0000"}, PRICE_RULE),
     13: ({**GOOD, "price": "-1.5"}, PRICE_RULE),
     14: ({**GOOD, "price": "1.23456"}, PRICE_RULE),
     15: ({**GOOD, "price": "1,234.5"}, PRICE_RULE),
-    16: ({**GOOD, "trade_date": "2024-02-30"}, "invalid trade_date"),
-    17: ({**GOOD, "executed_at": 1710495000}, "invalid executed_at"),
-    18: ({**GOOD, "trade_id": 17}, "field trade_id is not a string"),
-    19: ({**GOOD, "seq": 0}, f"seq must be in [1, {MAX_SEQ}]"),
-    20: ({**GOOD, "symbol": ""}, "symbol must have 1 to 32 characters"),
-    21: (OVERSIZED, f"oversized: {len(json.dumps(OVERSIZED))} bytes > 400"),
-    # Rules Spark used to be more lenient about than the consumer sites.
-    22: ({**GOOD, "executed_at": "2024-03-15T09:30:00"}, "invalid executed_at"),  # no zone
+    16: ({**GOOD, "trade_date": "2024-02-30"}, "unknown trade_date '2024-02-30'"),
+    17: ({**GOOD, "executed_at": 1710495000}, "executed_at must be an ISO-8601 string"),
+    18: ({**GOOD, "trade_id": 17}, "trade_id must be a string of 1 to 64 characters"),
+    19: ({**GOOD, "seq": 0}, f"seq must be in [1, {MAX_SEQ}], got 0"),
+    20: ({**GOOD, "symbol": ""}, "symbol must be a string of 1 to 32 characters"),
+    21: (OVERSIZED, f"oversized: {len(json.dumps(OVERSIZED))} bytes > limit 400"),
+    # Rules Spark's own reader was once more lenient about than the consumer sites.
+    22: ({**GOOD, "executed_at": "2024-03-15T09:30:00"},  # no zone
+         "executed_at is not ISO-8601 with seconds and a zone"),
     23: ({**GOOD, "price": "007.5"}, PRICE_RULE),  # leading zeros
-    24: (json.dumps(GOOD).encode() + b"{}", "invalid JSON: content after the object, or "
-         f"nested deeper than {MAX_DEPTH}"),
-    25: (json.dumps(GOOD).encode() + b" x}", "invalid JSON: content after the object, or "
-         f"nested deeper than {MAX_DEPTH}"),
-    26: (json.dumps(GOOD)[:-1].encode() + b', "seq": 2}', "invalid JSON"),  # a repeated key
+    24: (json.dumps(GOOD).encode() + b"{}", "invalid JSON: unexpected content after document"),
+    25: (json.dumps(GOOD).encode() + b" x}", "invalid JSON: unexpected content after document"),
+    26: (json.dumps(GOOD)[:-1].encode() + b', "seq": 2}', "invalid JSON: duplicate key 'seq'"),
     27: ({**GOOD, "symbol": "X\tY"}, "text fields must not contain control characters"),
-    28: ({**GOOD, "trade_id": "I" * 65}, "trade_id must have 1 to 64 characters"),
-    29: ({**GOOD, "seq": 2**63}, "field seq is not an integer"),  # past bigint
-    30: ({**GOOD, "seq": True}, "field seq is not an integer"),
-    31: ({**GOOD, "quantity": 10.0}, "field quantity is not an integer"),
-    32: ({**GOOD, "executed_at": "2024-03-15T23:59:60Z"}, "invalid executed_at"),  # leap second
-    33: ({**GOOD, "trade_date": "1999-12-31"}, "invalid trade_date"),  # outside the window
-    34: ({**GOOD, "x": float("inf")}, "invalid JSON"),  # json.dumps writes Infinity
+    28: ({**GOOD, "trade_id": "I" * 65}, "trade_id must be a string of 1 to 64 characters"),
+    29: ({**GOOD, "seq": 2**63}, f"seq must be in [1, {MAX_SEQ}], got {2**63}"),  # past bigint
+    30: ({**GOOD, "seq": True}, "seq must be an integer, got bool"),
+    31: ({**GOOD, "quantity": 10.0}, "quantity must be an integer, got float"),
+    32: ({**GOOD, "executed_at": "2024-03-15T23:59:60Z"},  # leap second
+         "executed_at is not ISO-8601 with seconds and a zone"),
+    33: ({**GOOD, "trade_date": "1999-12-31"}, "unknown trade_date '1999-12-31'"),  # window
+    34: ({**GOOD, "x": float("inf")}, "invalid JSON: unexpected character"),  # Infinity
     35: (json.dumps({**GOOD, "x": 1}).encode().replace(b"1}", b"1e400}"),
-         "invalid JSON: a number overflows a double"),
-    36: (json.dumps(GOOD).encode().replace(b'"T-1"', b'"T\\ud800"'), "invalid JSON"),
+         "invalid JSON: number is infinity when parsed as double"),
+    36: (json.dumps(GOOD).encode().replace(b'"T-1"', b'"T\\ud800"'),
+         "invalid JSON: no low surrogate in string"),
+    37: (json.dumps({**GOOD, "x": [[[[[[[[[1]]]]]]]]]}).encode(),
+         f"invalid JSON: nested deeper than {MAX_DEPTH} levels"),
 }
 
 
@@ -122,10 +132,12 @@ def test_parse_kafka_values(spark: SparkSession) -> None:  # noqa: F811
     reasons = {r["kafka_offset"]: r["reason"] for r in parsed.malformed.collect()}
     expected = {offset: reason for offset, (_, reason) in MALFORMED.items()}
     expected[52] = "close marker for partition 4 arrived on partition 0"
-    expected[53] = "unknown message type heartbeat"
-    expected[54] = "unknown message type "
-    expected[55] = f"close marker: last_seq must be in [0, {MAX_SEQ}]"
-    assert reasons == expected
+    expected[53] = "unknown message type 'heartbeat'"
+    expected[54] = "unknown message type ''"
+    expected[55] = f"last_seq must be in [0, {MAX_SEQ}], got -1"
+    assert reasons.keys() == expected.keys()
+    wrong = {o: (reasons[o], want) for o, want in expected.items() if want not in reasons[o]}
+    assert not wrong, wrong
     assert parsed.malformed.schema == S.MALFORMED_SCHEMA
     assert parsed.trades.schema == S.TRADE_SCHEMA
     # Malformed rows keep their bytes, valid ones do not.
@@ -143,3 +155,22 @@ def test_without_a_headers_column_every_message_is_a_trade(spark: SparkSession) 
     assert [r["trade_id"] for r in parsed.trades.collect()] == ["T-1"]
     assert parsed.malformed.count() == 0 and parsed.closes.count() == 0
     classified.unpersist()
+
+
+def test_later_copies_of_a_trade_in_a_partition_are_marked(spark: SparkSession) -> None:  # noqa: F811
+    """A task reads one Kafka partition in offset order: the first copy of each (date, id)
+    is kept, later ones are marked; a dead letter is never a copy."""
+    rows = [
+        message(GOOD, 0),
+        message(GOOD, 1),
+        message({**GOOD, "trade_date": "2024-03-16"}, 2),  # same id, another date
+        message({**GOOD, "trade_id": "T-2"}, 3),
+        message({**GOOD, "seller": "A"}, 4),  # malformed copy of T-1
+        message(GOOD, 5),
+    ]
+    # One task, as one Kafka partition is.
+    classified = classify_kafka_values(spark.createDataFrame(rows, RAW_SCHEMA).coalesce(1))
+    dups = {r["kafka_offset"]: r["_dup"] for r in classified.collect()}
+    assert dups == {0: False, 1: True, 2: False, 3: False, 4: False, 5: True}
+    kept = first_copies(classified).collect()
+    assert sorted(r["kafka_offset"] for r in kept) == [0, 2, 3]

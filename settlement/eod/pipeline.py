@@ -216,7 +216,8 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
     choice = choose_source(settings, trade_date, source)
     spark = build_session(settings, app_name=f"validate-{trade_date}")
     read = read_day(spark, settings, choice, trade_date)
-    trades = (read.trades if read.unique_ids else T.dedupe_trades(read.trades)).persist()
+    trades = (read.trades if read.unique_ids or read.deduplicated
+              else T.dedupe_trades(read.trades)).persist()
     try:
         n = trades.count()
         outcome = validate_day(settings, spark, trade_date, choice, read, trades,

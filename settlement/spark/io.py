@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.config import Settings
-from settlement.contract import LEDGER_COLUMNS
+from settlement.contract import CLOSE, LEDGER_COLUMNS, TRADE
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
@@ -67,6 +67,10 @@ class DayRead:
     cached: list[DataFrame] = field(default_factory=list)
     # trade_id is already unique (one ledger: a unique constraint), so no dedupe pass.
     unique_ids: bool = False
+    # Kafka: ``trades`` holds each trade's first copy only (the classifier dropped the later
+    # copies in the same partition, ``duplicates`` of them); ``as_read`` holds them all.
+    deduplicated: bool = False
+    duplicates: int = 0
     # ledger name -> its day's trades, when the day was read from ledgers (validation
     # reconciles them without reading them again).
     ledgers: dict[str, DataFrame] = field(default_factory=dict)
@@ -110,21 +114,60 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         # read_committed; Spark would call those gaps data loss. Real loss cannot hide: the
         # exchange sequence numbers are checked against the close markers afterwards.
         .option("failOnDataLoss", "false")
+        # No minPartitions/maxRecordsPerPartition: one task reads one Kafka partition, in
+        # offset order, which is what lets the classifier dedupe without a shuffle.
         .load()
     )
-    # Split three ways below: read the broker, parse and check each message once.
+    # Parsed and checked once; everything below reads the cached verdicts.
     classified = P.classify_kafka_values(raw, settings.max_message_bytes).persist()
+    facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
-    malformed = parsed.malformed.count()
-    closes = {int(r["kafka_partition"]): int(r["last_seq"])
-              for r in _on_date(parsed.closes, trade_date).collect()}
-    late: dict[str, dict[int, int]] = {}
-    for r in (parsed.trades.where(F.col("trade_date") < F.lit(trade_date).cast("date"))
-              .groupBy("trade_date", "kafka_partition").count().collect()):
-        late.setdefault(r["trade_date"].isoformat(), {})[int(r["kafka_partition"])] = int(
-            r["count"])
-    return DayRead(_on_date(parsed.trades, trade_date), malformed, closes, parsed.trades,
-                   cached=[classified], late=late)
+    return DayRead(
+        _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
+        parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
+        duplicates=facts.duplicates)
+
+
+@dataclass
+class _KafkaFacts:
+    malformed: int
+    closes: dict[int, int]
+    late: dict[str, dict[int, int]]
+    duplicates: int
+
+
+def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
+    """Everything but the day's first copies of its trades, counted in one pass: those rows
+    are few (dead letters, close markers, repeated copies, trades of other dates), so the
+    pass is a filter over the cached verdicts and a tiny aggregate."""
+    day = F.lit(trade_date)
+    valid, kind = F.col("reason").isNull(), F.col("_kind")
+    trade = valid & (kind == TRADE)
+    what = (F.when(~valid, F.lit("malformed"))
+            .when(kind == CLOSE, F.lit("close"))
+            .when(F.col("trade_date") != day, F.lit("other_date"))
+            .when(F.col("_dup"), F.lit("dup")))
+    rows = (classified.where(~valid | (kind == CLOSE) | (trade & (
+                (F.col("trade_date") != day) | F.col("_dup"))))
+            .select(what.alias("what"),
+                    F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
+                    "kafka_partition", "_last_seq")
+            .groupBy("what", "d", "kafka_partition")
+            .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"))
+            .collect())
+    facts = _KafkaFacts(0, {}, {}, 0)
+    for r in rows:
+        if r["what"] == "malformed":
+            facts.malformed += int(r["n"])
+        elif r["what"] == "dup":
+            facts.duplicates += int(r["n"])
+        elif r["what"] == "close" and r["d"] == trade_date:
+            facts.closes[int(r["kafka_partition"])] = int(r["last_seq"])
+        elif r["what"] == "other_date" and r["d"] < trade_date:
+            # Trades of earlier dates in the day's range: late trades of those days.
+            late = facts.late.setdefault(r["d"].isoformat(), {})
+            late[int(r["kafka_partition"])] = int(r["n"])
+    return facts
 
 
 def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,

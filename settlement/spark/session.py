@@ -87,7 +87,7 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
         "spark.submit.pyFiles": str(python_files(settings)),
         # Executors run the workers' own Python; by default the same path as the driver's
         # (the locked environment installed at the same place on every worker).
-        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        "spark.pyspark.python": _worker_python(),
     }
     if settings.spark_cores_max:
         conf["spark.cores.max"] = str(settings.spark_cores_max)
@@ -98,6 +98,10 @@ def cluster_conf(settings: Settings) -> dict[str, str]:
         conf["spark.driver.host"] = local_ip
         conf["spark.driver.bindAddress"] = local_ip
     return conf
+
+
+def _worker_python() -> str:
+    return os.environ.get("PYSPARK_PYTHON", sys.executable)
 
 
 def _launched_by_spark_submit() -> bool:
@@ -124,6 +128,12 @@ def build_session(
         # host name that does not resolve would otherwise stall start-up.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     wanted["spark.driver.memory"] = settings.spark_driver_memory
+    # The Kafka classifier runs the sites' parser in Python workers: they need this
+    # environment's packages (orjson, pyarrow), not whatever `python3` is first on PATH.
+    # PySpark reads the variable when it makes the context (spark-submit sets it from
+    # spark.pyspark.python); the setting tells a cluster's executors.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    wanted["spark.pyspark.python"] = _worker_python()
     if is_cluster(settings.spark_master):
         wanted.update(cluster_conf(settings))
     jars = spark_jars(settings)

@@ -36,6 +36,14 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     if read.unique_ids:
         trades = read.trades.persist()
         n_raw = n = trades.count()
+    elif read.deduplicated:
+        # Kafka: copies of a trade share its partition (the key is the symbol), where the
+        # classifier kept the first. A trade id in two partitions breaks that premise; the
+        # read_copies check names it (the partition is part of a trade's identity) and the
+        # run is not published.
+        trades = read.trades
+        n = trades.count()
+        n_raw = n + read.duplicates
     else:
         trades = T.dedupe_trades(read.trades).persist()
         n_raw = read.trades.count()
