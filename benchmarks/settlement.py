@@ -4,12 +4,16 @@
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
-  kafka - `settle eod --source kafka` (bounded read_committed Kafka read, parse, dedupe,
-          positions, obligations, instrument summary, atomic write), Spark local[2]
+  kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
+          Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
+          staged results), Spark local[2]
   db    - the same from the ledger over JDBC
-  sql   - the positions netting as one GROUP BY inside PostgreSQL on the same rows
-Validation is not included (it is timed separately by the report). The Spark session is
-started and warmed once before timing. Prints one JSON object.
+  sql   - the positions netting as one GROUP BY inside PostgreSQL on the same rows (the
+          baseline the targets are ratios of)
+  eod_kafka, eod_db - `settle eod` end to end: the same plus Great Expectations, publication
+          and the audit report, with each step's seconds
+The Spark session is started and warmed once before timing; the driver JVM's peak resident
+memory (VmHWM) is reported after each size. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,6 +37,9 @@ from settlement.drills.namespace import drop_namespace, namespace_env, reset_nam
 from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import SimulationSpec, simulate
 from settlement.spark.session import build_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 DATE = "2026-11-24"
 SQL_NETTING = """
@@ -56,7 +63,36 @@ def namespace(base: Settings) -> Settings:
     return s
 
 
-def one_size(base: Settings, n: int) -> dict[str, Any]:
+def driver_peak_rss_mib(spark: SparkSession) -> int | None:
+    """The local driver JVM's peak resident memory so far (Linux VmHWM); None when the JVM
+    is not a child of this process."""
+    proc = getattr(spark.sparkContext._gateway, "proc", None)
+    status = Path(f"/proc/{proc.pid}/status") if proc is not None else None
+    if status is None or not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) // 1024
+    return None
+
+
+def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
+            ) -> dict[str, Any]:
+    """Issue #15's targets against the largest size measured."""
+    big = results[-1]
+    return {
+        "trades": big["trades"],
+        "kafka_seconds_le_60": big["kafka"]["seconds"] <= 60,
+        "kafka_le_5x_group_by": big["kafka"]["vs_group_by"] <= 5,
+        "db_le_2x_group_by": big["db"]["vs_group_by"] <= 2,
+        "eod_kafka_le_120s": big["eod_kafka"]["seconds"] <= 120,
+        "eod_db_le_120s": big["eod_db"]["seconds"] <= 120,
+        "growth_no_worse_than_linear": None if growth is None
+        else all(g <= 1.0 for g in growth.values()),
+    }
+
+
+def one_size(spark: SparkSession, base: Settings, n: int) -> dict[str, Any]:
     s = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -64,20 +100,25 @@ def one_size(base: Settings, n: int) -> dict[str, Any]:
         print(f"[{n}] ingesting with site a...", file=sys.stderr, flush=True)
         Site(s, SiteOptions("a", "separate", True, DATE, 3600)).run()
         out: dict[str, Any] = {"trades": n}
-        for source in ("kafka", "db"):
-            print(f"[{n}] settling from {source}...", file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            res = run_eod(s, DATE, source=source, validate=False)
-            secs = time.perf_counter() - t0
-            assert res["trades"] == n, res
-            out[source] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
-                           "timings": res["timings"]}
         with connect(s.ledger_dsn("a")) as conn:
             t0 = time.perf_counter()
             rows = conn.execute(SQL_NETTING, {"d": DATE}).fetchall()
             secs = time.perf_counter() - t0
         out["sql_group_by"] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
                                "positions": len(rows)}
+        for source, validate in (("kafka", False), ("db", False), ("kafka", True),
+                                 ("db", True)):
+            key = f"eod_{source}" if validate else source
+            print(f"[{n}] {key}...", file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            res = run_eod(s, DATE, source=source, validate=validate)
+            secs = time.perf_counter() - t0
+            assert res["trades"] == n, res
+            assert not validate or res["validation_success"], res.get("validation")
+            out[key] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
+                        "vs_group_by": round(secs / out["sql_group_by"]["seconds"], 2),
+                        "timings": res["timings"]}
+        out["driver_peak_rss_mib"] = driver_peak_rss_mib(spark)
         return out
     finally:
         drop_namespace(s)
@@ -94,7 +135,7 @@ def main() -> None:
     try:
         spark = build_session(base, "settlement-benchmark")
         spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(base, n) for n in sizes]
+        results = [one_size(spark, base, n) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)
@@ -102,11 +143,12 @@ def main() -> None:
     if len(results) > 1:
         a, b = results[0], results[-1]
         growth = {src: round((b[src]["seconds"] / a[src]["seconds"])
-                             / (b["trades"] / a["trades"]), 2) for src in ("kafka", "db")}
+                             / (b["trades"] / a["trades"]), 2)
+                  for src in ("kafka", "db", "eod_kafka", "eod_db")}
     print(json.dumps({
         "benchmark": "settlement", "spark_master": base.spark_master,
         "machine": {"cores": os.cpu_count()}, "results": results,
-        "cost_growth_vs_linear": growth,
+        "cost_growth_vs_linear": growth, "targets": targets(results, growth),
     }, indent=2))
 
 

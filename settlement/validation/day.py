@@ -25,7 +25,13 @@ from settlement.validation.run import ValidationOutcome
 def _ledger_frame(spark: SparkSession, settings: Settings, choice: SourceChoice, read: DayRead,
                   name: str, trade_date: str) -> DataFrame:
     held = read.ledgers.get(name)
-    return held if held is not None else read_ledger(spark, settings, choice, name, trade_date)
+    if held is not None:
+        return held
+    # Read here (a Kafka-sourced day) and checked by several queries: read over JDBC once.
+    frame = read_ledger(spark, settings, choice, name, trade_date).persist()
+    read.cached.append(frame)
+    read.ledgers[name] = frame
+    return frame
 
 
 def validate_day(settings: Settings, spark: SparkSession, trade_date: str,

@@ -154,8 +154,11 @@ def ensure_project(context: Any) -> dict[str, Any]:
 
     try:
         ds = context.data_sources.get(DATASOURCE)
+        ds.persist = False  # a project copied before the setting was shipped
     except (KeyError, ValueError):
-        ds = context.data_sources.add_spark(name=DATASOURCE)
+        # persist=False: the run caches what it reads (GX would cache every frame it is
+        # handed again, a second copy of a 10M-trade day).
+        ds = context.data_sources.add_spark(name=DATASOURCE, persist=False)
     plans = all_suites()
     _prune(context, ds, plans)
     for name in dict.fromkeys(p.asset for p in plans):
