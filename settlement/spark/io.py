@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.config import Settings
-from settlement.contract import CLOSE, LEDGER_COLUMNS, TRADE
+from settlement.contract import CLOSE, LEDGER_COLUMNS
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
@@ -71,6 +71,8 @@ class DayRead:
     # copies in the same partition, ``duplicates`` of them); ``as_read`` holds them all.
     deduplicated: bool = False
     duplicates: int = 0
+    # partition -> trades in ``trades``, when the read counted them already (Kafka).
+    per_partition: dict[int, int] | None = None
     # ledger name -> its day's trades, when the day was read from ledgers (validation
     # reconciles them without reading them again).
     ledgers: dict[str, DataFrame] = field(default_factory=dict)
@@ -125,7 +127,7 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
-        duplicates=facts.duplicates)
+        duplicates=facts.duplicates, per_partition=facts.per_partition)
 
 
 @dataclass
@@ -134,30 +136,32 @@ class _KafkaFacts:
     closes: dict[int, int]
     late: dict[str, dict[int, int]]
     duplicates: int
+    per_partition: dict[int, int]  # the day's first copies
 
 
 def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
-    """Everything but the day's first copies of its trades, counted in one pass: those rows
-    are few (dead letters, close markers, repeated copies, trades of other dates), so the
-    pass is a filter over the cached verdicts and a tiny aggregate."""
+    """What the read learnt, counted in one pass over the cached verdicts: the day's trades
+    per partition, dead letters, close markers, repeated copies, trades of other dates. Each
+    task reduces its rows to a few counts, so the pass costs a scan, not a shuffle."""
     day = F.lit(trade_date)
     valid, kind = F.col("reason").isNull(), F.col("_kind")
-    trade = valid & (kind == TRADE)
     what = (F.when(~valid, F.lit("malformed"))
             .when(kind == CLOSE, F.lit("close"))
             .when(F.col("trade_date") != day, F.lit("other_date"))
-            .when(F.col("_dup"), F.lit("dup")))
-    rows = (classified.where(~valid | (kind == CLOSE) | (trade & (
-                (F.col("trade_date") != day) | F.col("_dup"))))
+            .when(F.col("_dup"), F.lit("dup"))
+            .otherwise(F.lit("day")))
+    rows = (classified
             .select(what.alias("what"),
                     F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
                     "kafka_partition", "_last_seq")
             .groupBy("what", "d", "kafka_partition")
             .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"))
             .collect())
-    facts = _KafkaFacts(0, {}, {}, 0)
+    facts = _KafkaFacts(0, {}, {}, 0, {})
     for r in rows:
-        if r["what"] == "malformed":
+        if r["what"] == "day":
+            facts.per_partition[int(r["kafka_partition"])] = int(r["n"])
+        elif r["what"] == "malformed":
             facts.malformed += int(r["n"])
         elif r["what"] == "dup":
             facts.duplicates += int(r["n"])

@@ -42,7 +42,8 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
         # read_copies check names it (the partition is part of a trade's identity) and the
         # run is not published.
         trades = read.trades
-        n = trades.count()
+        n = sum(read.per_partition.values()) if read.per_partition is not None \
+            else trades.count()
         n_raw = n + read.duplicates
     else:
         trades = T.dedupe_trades(read.trades).persist()
@@ -57,8 +58,9 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     obligations = rows_of(CashObligation, T.cash_obligations(pos).orderBy("account").collect())
     instruments = rows_of(InstrumentSummary,
                           T.instrument_summary(trades, trade_date).orderBy("symbol").collect())
-    per_partition = {int(r["kafka_partition"]): int(r["count"])
-                     for r in trades.groupBy("kafka_partition").count().collect()}
+    per_partition = read.per_partition if read.per_partition is not None else {
+        int(r["kafka_partition"]): int(r["count"])
+        for r in trades.groupBy("kafka_partition").count().collect()}
     pos.unpersist()
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     result = SettlementResult(
