@@ -2,9 +2,9 @@
 becomes. Defined once, as data.
 
 The consumer sites (``consumers.parse``), the Spark Kafka reader (``settlement.spark.parse``),
-the checker and the simulator all take their rules from here. Python and Spark cannot share
-code, so they share these constants, and ``tests/test_parity.py`` proves the two parsers
-give the same verdict on the same adversarial messages.
+the checker and the simulator all take their rules from here. The Spark reader runs the
+sites' own parser in its Python workers (Arrow batches), and ``tests/test_parity.py`` proves
+that a message gets the same verdict and the same typed values in both runtimes.
 
 The limits are chosen so that anything the contract accepts the ledger can store (the parity
 test COPYs every accepted message into ``trades``) and both parsers read the same way:

@@ -215,3 +215,37 @@ def test_ledgers_lost_settles_from_kafka_alone(isolated: Isolated, tmp_path: Pat
     assert {(r[0], r[1]): tuple(r[2:]) for r in rows} == _expected(spec)
     assert res["validation_success"], res["validation"]["failures"]
     assert "reconcile_kafka_ledger@ledger_trades" in res["validation"]["skipped"]
+
+
+@pytest.mark.services
+def test_a_trade_id_in_two_partitions_fails_validation_and_is_not_published(
+        isolated: Isolated) -> None:
+    """The Kafka day is deduplicated within each partition (copies of a trade share its key,
+    so its partition). A copy in another partition breaks that premise: the read_copies check
+    names it (the partition is part of a trade's identity) and the day is not published."""
+    from confluent_kafka import Producer
+
+    from settlement.eod.pipeline import published_run, run_eod
+    from settlement.simulator.gateway import producer_config
+
+    s = isolated.settings
+    day = "2026-03-02"
+    producer = Producer(producer_config(s, None))
+    for p in range(s.partitions):
+        for seq in (1, 2, 3):
+            producer.produce(s.topic, _trade(day, seq, f"p{p}-{seq}"), b"XAU", partition=p,
+                             headers=TRADE_HEADERS)
+        if p == 1:  # the same trade as partition 0's first, on partition 1
+            producer.produce(s.topic, _trade(day, 1, "p0-1"), b"XAU", partition=1,
+                             headers=TRADE_HEADERS)
+        close = {"trade_date": day, "partition": p, "last_seq": 3}
+        producer.produce(s.topic, json.dumps(close).encode(), b"", partition=p,
+                         headers=CLOSE_HEADERS)
+    assert producer.flush(30) == 0
+
+    res = run_eod(s, day, source="kafka")
+    assert not res["published"] and res["status"] == "failed"
+    failed = {f["name"]: f for f in res["validation"]["failures"]}
+    assert "copies of a trade id agree" in failed, sorted(failed)
+    assert [e["trade_id"] for e in failed["copies of a trade id agree"]["examples"]] == ["p0-1"]
+    assert published_run(s, day) is None

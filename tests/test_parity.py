@@ -1,8 +1,12 @@
-"""One contract, two parsers: the consumer sites' Python parser (``consumers.parse``) and the
-Spark Kafka reader (``settlement.spark.parse``) must give every message the same verdict.
+"""One contract, two runtimes: a consumer site (``consumers.parse``, a COPY line PostgreSQL
+types) and the Spark Kafka reader (``settlement.spark.parse``, which runs the same parser in
+its Python workers and hands back Arrow-typed columns) must give every message the same
+verdict.
 
 A verdict is the kind (trade, close marker, dead letter) and, for an accepted message, the
-typed values. The reasons may be worded differently. Three tests:
+typed values: what can still differ is the typing (dates, decimal prices, zoned timestamps
+through Arrow's casts versus PostgreSQL's), the headers' decoding and the batch plumbing.
+Three tests:
 
 - a hand-written corpus of edge cases, each with what it probes and the verdict the contract
   gives it;

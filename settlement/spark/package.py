@@ -1,8 +1,8 @@
 """The settlement code as a zip for ``--py-files``: how Python code reaches executors.
 
-A real cluster's workers share no working directory with the driver. The executors of this
-job run only JVM code today (no Python UDFs), but any Python they ever run (a UDF, an RDD
-function, a pandas function) must import ``settlement`` and ``consumers``; Spark copies the
+A real cluster's workers share no working directory with the driver. The executors run
+Python: the Kafka reader classifies messages with the sites' parser in Arrow batches
+(``settlement.spark.parse``), which imports ``settlement`` and ``consumers``; Spark copies the
 zip to each executor's work directory and puts it on that executor's ``sys.path``. Third-party
 libraries are not in the zip: the workers' Python (``spark.pyspark.python``) must have the
 locked environment installed (README, "Running at scale").
