@@ -149,10 +149,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="trades per day to plan for, comma-separated")
     ap.add_argument("--ingest-per-process", type=float, default=99_559,
                     help="measured: benchmarks/ingest.py, one site process, steady state")
-    ap.add_argument("--settle-kafka-per-core", type=float, default=45_968 / 2,
-                    help="measured: benchmarks/settlement.py, 10M from Kafka on 2 cores")
-    ap.add_argument("--settle-db-per-core", type=float, default=272_086 / 2,
-                    help="measured: benchmarks/settlement.py, 10M from the ledger on 2 cores")
+    ap.add_argument("--settle-kafka-per-core", type=float, default=60_085 / 2,
+                    help="measured: benchmarks/settlement.py, 10M from Kafka, 2 cores, 6g")
+    ap.add_argument("--settle-db-per-core", type=float, default=171_615 / 2,
+                    help="measured: benchmarks/settlement.py, 10M from the ledger, 2 cores, 6g")
     ap.add_argument("--copy-rows", type=float, default=291_564,
                     help="measured: benchmarks/ingest.py raw COPY ceiling of one server")
     ap.add_argument("--ledger-cost", type=float, default=2.0,

@@ -101,9 +101,14 @@ def one_size(spark: SparkSession, base: Settings, n: int) -> dict[str, Any]:
         Site(s, SiteOptions("a", "separate", True, DATE, 3600)).run()
         out: dict[str, Any] = {"trades": n}
         with connect(s.ledger_dsn("a")) as conn:
-            t0 = time.perf_counter()
-            rows = conn.execute(SQL_NETTING, {"d": DATE}).fetchall()
-            secs = time.perf_counter() - t0
+            # Twice, the faster counts: the first read of freshly ingested rows also sets
+            # their hint bits (writes), which no later reader pays.
+            runs = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                rows = conn.execute(SQL_NETTING, {"d": DATE}).fetchall()
+                runs.append(time.perf_counter() - t0)
+            secs = min(runs)
         out["sql_group_by"] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
                                "positions": len(rows)}
         for source, validate in (("kafka", False), ("db", False), ("kafka", True),

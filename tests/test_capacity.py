@@ -40,9 +40,11 @@ def test_capacity_table_grows_with_the_day_and_keeps_its_invariants() -> None:
 
 def test_capacity_figures_are_flags() -> None:
     # Ten times faster settlement per core needs (about) a tenth of the cores.
-    base = _model("--days", "500000000", "--json-only")["plans"][0]
+    out = _model("--days", "500000000", "--json-only")
+    base = out["plans"][0]
+    per_core = out["figures"]["settle_kafka_per_core"]
     fast = _model("--days", "500000000", "--json-only", "--settle-kafka-per-core",
-                  "229840")["plans"][0]
+                  str(10 * per_core))["plans"][0]
     assert fast["spark_cores_kafka"] <= base["spark_cores_kafka"] // 10 + 1
 
 
