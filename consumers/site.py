@@ -89,6 +89,8 @@ class Site:
     def __init__(self, settings: Settings, opts: SiteOptions):
         from confluent_kafka import Consumer
 
+        # A site logs in to its ledger as itself (an append-only role, migration 0007).
+        settings = settings.for_component("site_a" if opts.site == "a" else "site_b")
         self.settings, self.opts = settings, opts
         self.topic = settings.topic
         ledger_args: dict[str, Any] = {

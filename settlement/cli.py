@@ -200,6 +200,16 @@ def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
     if args.action == "schema":
         return {"schema_file": write_schema_file(s, args.output)}
+    if args.action == "users":
+        from settlement.db import connect
+        from settlement.dbusers import LoginGrant, apply_grants
+
+        if not args.grant:
+            raise ConfigError("settle db users: name at least one --grant "
+                              "COMPONENT:USER:PASSWORD_ENV")
+        grants = [LoginGrant.parse(g) for g in args.grant]
+        with connect(s.for_component("admin").settlement_dsn, autocommit=True) as conn:
+            return {"users": apply_grants(conn, grants)}
     return {"databases": migrate_all(s)}
 
 
@@ -209,6 +219,7 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     spec = SimulationSpec(
         trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
         bad_rate=args.bad_rate, abort_rate=args.abort_rate, rate=args.rate,
+        hostile_names=args.hostile_names,
     )
     require_services(s, postgres=False)
     return simulate(s, spec, progress=not args.json and sys.stderr.isatty())
@@ -421,10 +432,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "workers on loopback (then SETTLE_SPARK_MASTER=spark_master_url); "
                          "down stops them whenever they run")
 
-    sp = add("db", "database schema")
-    sp.add_argument("action", choices=["migrate", "schema"],
+    sp = add("db", "database schema and login users (as the admin)")
+    sp.add_argument("action", choices=["migrate", "schema", "users"],
                     help="migrate: apply sql/migrations everywhere; schema: regenerate "
-                         "sql/schema.sql (or --output FILE) from an empty database")
+                         "sql/schema.sql (or --output FILE) from an empty database; users: "
+                         "create or update the --grant login users")
+    sp.add_argument("--grant", action="append", default=[],
+                    metavar="COMPONENT:USER:PASSWORD_ENV",
+                    help="users: create or update USER (password from the environment "
+                         "variable PASSWORD_ENV, sent as a SCRAM verifier) as a member of "
+                         "COMPONENT's group role only: site_a, site_b, settlement or "
+                         "auditor; repeatable; re-run to rotate a password")
     sp.add_argument("--output", type=Path, default=None, metavar="FILE",
                     help="schema: write here instead of sql/schema.sql (default: %(default)s)")
 
@@ -447,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fraction of transactions aborted (then re-sent)")
     sp.add_argument("--rate", type=_positive, default=None,
                     help="pace the day at this many trades/s (default: as fast as possible)")
+    sp.add_argument("--hostile-names", action="store_true",
+                    help="security drill: some accounts, symbols and trade ids carry HTML/JS, "
+                         "quotes, SQL, unicode, and one account a control character (its "
+                         "trades become dead letters)")
 
     sp = add("site", "run one consumer site")
     sp.add_argument("action", choices=["run"])

@@ -79,6 +79,21 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 LEDGERS = ("a", "b", "shared")
 
+# Who logs in to PostgreSQL. Every component has its own login user, granted exactly the
+# group role its work needs (sql/migrations/0003_roles.sql and 0007); the admin runs
+# migrations and setup only. A deployment names the users in its DSNs (docker-compose.yml
+# gives each service its own); the embedded server creates the users below, with random
+# passwords kept in a 0600 pgpass file under the state directory.
+Component = Literal["admin", "site_a", "site_b", "settlement", "auditor"]
+COMPONENTS: tuple[Component, ...] = ("admin", "site_a", "site_b", "settlement", "auditor")
+COMPONENT_GROUPS: dict[str, str] = {"site_a": "settle_site", "site_b": "settle_site",
+                                    "settlement": "settle_settlement",
+                                    "auditor": "settle_auditor"}
+EMBEDDED_USERS: dict[str, str] = {"admin": "settle", "site_a": "settle_site_a",
+                                  "site_b": "settle_site_b", "settlement": "settle_eod",
+                                  "auditor": "settle_audit"}
+_DB_PREFIX = re.compile(r"^[a-z0-9_]{0,40}$")
+
 
 _SASL_SAFE = re.compile(r"^[A-Za-z0-9._\-+/@%^*~]{1,128}$")
 
@@ -117,6 +132,13 @@ class Settings(BaseSettings):
 
     # PostgreSQL. Unset DSNs = databases on the embedded server.
     pg_port: int = Field(15432, ge=1024, le=65000)
+    # Prefixes the embedded databases' names: a private namespace (demo, drills, tests) on
+    # the embedded server whose DSNs still carry each component's own user.
+    pg_db_prefix: str = ""
+    # Which component this process is: chooses the embedded server's login user. The code of
+    # each component sets it (a site, the end of day, `settle status`); explicit DSNs are used
+    # as given (the deployment chose their users).
+    component: Component = "admin"
     pg_dsn: str | None = None
     ledger_a_dsn: str | None = None
     ledger_b_dsn: str | None = None
@@ -191,9 +213,15 @@ class Settings(BaseSettings):
         if v is None or v == "":
             return None
         if not v.startswith(("postgresql://", "postgres://")):
-            raise ValueError(
-                f"expected a URL like postgresql://user:pass@host:5432/dbname, got {v!r}"
-            )
+            # The value may hold a password: the message shows it redacted (_explain).
+            raise ValueError("expected a URL like postgresql://user@host:5432/dbname")
+        return v
+
+    @field_validator("pg_db_prefix")
+    @classmethod
+    def _db_prefix(cls, v: str) -> str:
+        if not _DB_PREFIX.match(v):
+            raise ValueError("expected up to 40 lower-case letters, digits or '_'")
         return v
 
     @field_validator("alert_email", "alert_webhook", mode="before")
@@ -273,18 +301,39 @@ class Settings(BaseSettings):
         """The embedded standalone master's URL (for SETTLE_SPARK_MASTER)."""
         return f"spark://127.0.0.1:{self.spark_master_port}"
 
-    def embedded_dsn(self, dbname: str) -> str:
-        return f"postgresql://settle@127.0.0.1:{self.pg_port}/{dbname}"
+    def for_component(self, component: Component) -> Settings:
+        """These settings as ``component`` sees them: the embedded server's DSNs log in as
+        that component's user."""
+        if component not in COMPONENTS:
+            raise ConfigError(f"unknown component {component!r}: expected one of "
+                              f"{', '.join(COMPONENTS)}")
+        return self if component == self.component else \
+            self.model_copy(update={"component": component})
+
+    @property
+    def pg_passfile(self) -> Path:
+        """The embedded server's pgpass file (0600): every embedded user's password."""
+        return self.state_dir / "secrets" / "pgpass"
+
+    def embedded_dsn(self, dbname: str, component: Component | None = None) -> str:
+        """A database on the embedded server as ``component`` (default: this one). The
+        password stays in the pgpass file, which libpq reads; the DSN carries none, so it
+        can be logged and passed to child processes."""
+        from urllib.parse import quote
+
+        user = EMBEDDED_USERS[component or self.component]
+        return (f"postgresql://{user}@127.0.0.1:{self.pg_port}/{dbname}"
+                f"?passfile={quote(str(self.pg_passfile))}")
 
     @property
     def settlement_dsn(self) -> str:
-        return self.pg_dsn or self.embedded_dsn("settlement")
+        return self.pg_dsn or self.embedded_dsn(self.pg_db_prefix + "settlement")
 
     def ledger_dsn(self, ledger: str) -> str:
         if ledger not in LEDGERS:
             raise ConfigError(f"unknown ledger {ledger!r}: expected one of {', '.join(LEDGERS)}")
         explicit = getattr(self, f"ledger_{ledger}_dsn")
-        return explicit or self.embedded_dsn(f"ledger_{ledger}")
+        return explicit or self.embedded_dsn(f"{self.pg_db_prefix}ledger_{ledger}")
 
     def ledger_dsns(self) -> dict[str, str]:
         return {name: self.ledger_dsn(name) for name in LEDGERS}
@@ -317,12 +366,31 @@ class Settings(BaseSettings):
         return conf
 
 
+def jaas_quote(value: str) -> str:
+    """``value`` as a JAAS quoted string: Kafka's parser (a StreamTokenizer) reads backslash
+    escapes inside quotes, so a quote or backslash in a password cannot end the string early
+    and inject options."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def jaas_login(mechanism: str, username: str, password: str) -> str:
+    """The sasl.jaas.config value of a Java Kafka client (Spark's Kafka source)."""
+    module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if mechanism == "PLAIN"
+              else "org.apache.kafka.common.security.scram.ScramLoginModule")
+    return f"{module} required username={jaas_quote(username)} password={jaas_quote(password)};"
+
+
 def _explain(err: ValidationError) -> str:
+    from settlement.errors import redact
+
     lines = []
     for e in err.errors():
         field = str(e["loc"][0]) if e["loc"] else "?"
         msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"SETTLE_{field.upper()}: {msg} (got {e.get('input')!r})")
+        # A refused value is shown so the operator sees what was read, never a secret in it:
+        # a password field is not shown at all, a URL's password is masked.
+        shown = "***" if "password" in field else redact(repr(e.get("input")))
+        lines.append(f"SETTLE_{field.upper()}: {msg} (got {shown})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 

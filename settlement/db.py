@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -42,6 +43,27 @@ def with_dbname(dsn: str, dbname: str) -> str:
 
 def redact(dsn: str) -> str:
     return _redact(dsn)
+
+
+def dsn_password(dsn: str) -> str | None:
+    """The password libpq would use for ``dsn``: its own, else the matching line of its
+    passfile (``?passfile=`` or $PGPASSFILE). For clients that are not libpq (Spark's JDBC
+    driver), so that no password has to be written into a DSN."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    if info.get("password"):
+        return str(info["password"])
+    passfile = info.get("passfile") or os.environ.get("PGPASSFILE")
+    if not passfile or not os.path.exists(str(passfile)):
+        return None
+    want = [str(info.get("host") or "localhost"), str(info.get("port") or 5432),
+            str(info.get("dbname") or ""), str(info.get("user") or "")]
+    with open(str(passfile)) as f:
+        for line in f:
+            fields = re.split(r"(?<!\\):", line.rstrip("\n"), maxsplit=4)
+            if len(fields) == 5 and not line.startswith("#") and all(
+                    have in ("*", w) for have, w in zip(fields[:4], want, strict=True)):
+                return fields[4].replace("\\:", ":").replace("\\\\", "\\")
+    return None
 
 
 @cache
@@ -142,7 +164,7 @@ def migrate_all(settings: Settings) -> dict[str, Any]:
     """`settle db migrate`: every database this deployment uses, each once."""
     result: dict[str, Any] = {}
     seen: set[str] = set()
-    for role, dsn in settings.all_dsns().items():
+    for role, dsn in settings.for_component("admin").all_dsns().items():
         if dsn in seen:
             result[role] = "same database as another role"
             continue

@@ -35,6 +35,7 @@ class Thresholds:
 
 def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, Any]:
     limits = limits or Thresholds()
+    settings = settings.for_component("auditor")  # status reads, and may only read
     problems: list[str] = []
     kafka = kafka_watermarks(settings)
     if kafka.get("error"):
@@ -51,13 +52,13 @@ def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, An
         if led is not None:
             ledgers[name] = led
     if unreachable:
-        problems.append(f"ledger database(s) {', '.join(unreachable)} not reachable: "
-                        f"{START_SERVICES}")
+        problems.append(_db_problem(f"ledger database(s) {', '.join(unreachable)}",
+                                    ledgers[unreachable[0]]["error"]))
     if not kafka.get("error"):
         probe_lag_seconds(settings, ledgers)
     runs = settlement_runs(settings)
     if runs.get("error"):
-        problems.append(f"settlement database not reachable: {START_SERVICES}")
+        problems.append(_db_problem("settlement database", runs["error"]))
     problems += judge(ledgers, runs, limits, kafka_ok=not kafka.get("error"))
     return {"healthy": not problems, "problems": problems,
             "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -122,6 +123,14 @@ def kafka_watermarks(settings: Settings, timeout: float = 5.0) -> dict[str, Any]
                          + (f" ({err.name()})" if hasattr(err, "name") else "")}
     finally:
         c.close()
+
+
+def _db_problem(what: str, error: str) -> str:
+    """A database that answered but refused the login is not "unreachable": say which."""
+    if "password" in error or "authentication" in error or "permission denied" in error:
+        return (f"{what} refused the login ({error[:200]}): check the user and password of "
+                "SETTLE_PG_DSN / SETTLE_LEDGER_*_DSN (embedded: <state>/secrets/pgpass)")
+    return f"{what} not reachable: {START_SERVICES}"
 
 
 def ledger_status(settings: Settings, name: str, high: dict[int, int]) -> dict[str, Any] | None:

@@ -225,9 +225,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     started = time.monotonic()
     name = f"drill_{uuid.uuid4().hex[:8]}"
     ns = namespace_env(base, name)
-    settings = base.model_copy(update={
-        "topic": ns["SETTLE_TOPIC"], "pg_dsn": ns["SETTLE_PG_DSN"],
-        **{f"ledger_{x}_dsn": ns[f"SETTLE_LEDGER_{x.upper()}_DSN"] for x in ("a", "b", "shared")}})
+    settings = base.model_copy(update={k.removeprefix("SETTLE_").lower(): v
+                                       for k, v in ns.items()})
     reset_namespace(settings)
     env = _env(base, ns)
     logs = log_dir or base.state_dir / "drills" / name

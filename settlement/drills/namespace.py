@@ -11,12 +11,17 @@ import time
 
 import psycopg
 
-from settlement.config import Settings
+from settlement.config import LEDGERS, Settings
 from settlement.db import with_dbname
 
 
 def namespace_env(base: Settings, prefix: str) -> dict[str, str]:
-    """SETTLE_ overrides that put every command in the namespace (same servers as ``base``)."""
+    """SETTLE_ overrides that put every command in the namespace (same servers as ``base``).
+    On the embedded server a database prefix, so that each command still logs in as its own
+    component's user; with explicit DSNs, the same DSNs on other databases."""
+    if base.pg_dsn is None and not any(getattr(base, f"ledger_{n}_dsn") for n in LEDGERS):
+        return {"SETTLE_TOPIC": f"{prefix}_trades", "SETTLE_PG_DB_PREFIX": f"{prefix}_"}
+
     def dsn(name: str) -> str:
         return with_dbname(base.settlement_dsn, f"{prefix}_{name}")
 
@@ -37,6 +42,7 @@ def _databases(settings: Settings) -> list[str]:
 def drop_namespace(settings: Settings) -> None:
     from settlement.kafka.admin import admin_client
 
+    settings = settings.for_component("admin")
     admin = admin_client(settings)
     if settings.topic in admin.list_topics(timeout=10).topics:
         admin.delete_topics([settings.topic], operation_timeout=30)[settings.topic].result(30)
@@ -55,6 +61,7 @@ def reset_namespace(settings: Settings) -> None:
     from settlement.db import ensure_database, migrate_database
     from settlement.kafka.admin import ensure_topic
 
+    settings = settings.for_component("admin")
     drop_namespace(settings)
     for dsn in settings.all_dsns().values():
         ensure_database(dsn)

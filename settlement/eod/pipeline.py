@@ -126,6 +126,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
 
     if accept_incomplete is not None and not accept_incomplete.strip():
         raise ValueError("--accept-incomplete needs the reason the day is published anyway")
+    settings = settings.for_component("settlement")
     say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -136,6 +137,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = settled = None
+    finished = False  # a finished run's row is append-only (migration 0007)
     try:
         say("starting Spark")
         spark = build_session(settings, app_name=f"settlement-{trade_date}")
@@ -169,6 +171,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         status = "failed" if outcome is not None and not pub.published else "succeeded"
         finish_run(settings, run_id, status, summary,
                    error=None if status == "succeeded" else pub.note)
+        finished = True
         summary["status"] = status
         if outcome is not None and report is not None:
             record_validation(settings, run_id, outcome, str(report.html))
@@ -176,8 +179,9 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
                             "validation": outcome.as_dict(),
                             "report_path": str(report.html), "report_json": str(report.json)})
     except Exception as e:
-        summary["timings"] = timings
-        finish_run(settings, run_id, "failed", summary, error=f"{type(e).__name__}: {e}")
+        if not finished:
+            summary["timings"] = timings
+            finish_run(settings, run_id, "failed", summary, error=f"{type(e).__name__}: {e}")
         raise
     finally:
         if settled is not None:
@@ -213,6 +217,7 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
     from settlement.spark.session import build_session
     from settlement.validation.day import validate_day
 
+    settings = settings.for_component("settlement")
     choice = choose_source(settings, trade_date, source)
     spark = build_session(settings, app_name=f"validate-{trade_date}")
     read = read_day(spark, settings, choice, trade_date)
@@ -231,7 +236,7 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
 
 def latest_run(settings: Settings, trade_date: str) -> dict[str, Any]:
     """The newest run of a date as recorded (what the DAG reports after spark-submit)."""
-    with connect(settings.settlement_dsn) as conn:
+    with connect(settings.for_component("auditor").settlement_dsn) as conn:
         row = conn.execute(q("eod", "latest_run_any"), {"trade_date": trade_date}).fetchone()
     if row is None:
         raise RuntimeError(f"no settlement run recorded for {trade_date}")

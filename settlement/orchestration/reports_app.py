@@ -70,7 +70,7 @@ def settlement_dsn() -> str:
         uri = Connection.get_connection_from_secrets("settlement_db").get_uri()
         return uri.replace("postgres://", "postgresql://", 1)
     except AirflowNotFoundException:
-        return load_settings().settlement_dsn
+        return load_settings().for_component("auditor").settlement_dsn
 
 
 @dataclass(frozen=True)

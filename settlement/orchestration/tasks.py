@@ -42,7 +42,9 @@ def _pg_uri(dsn: str) -> str:
 
 
 def airflow_connections(settings: Settings) -> dict[str, str]:
-    """AIRFLOW_CONN_* values pointing at the services this configuration uses."""
+    """AIRFLOW_CONN_* values pointing at the services this configuration uses: Airflow's
+    tasks are the end of day, so they log in as the settlement user."""
+    settings = settings.for_component("settlement")
     conns = {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
             "conn_type": "kafka",
@@ -78,7 +80,10 @@ def settings_from_airflow() -> Settings:
 
 
 def settle_env(settings: Settings) -> dict[str, str]:
-    """Environment for the spark-submit'ed job: the same services, the same Python."""
+    """Environment for the spark-submit'ed job: the same services, the same Python, logged
+    in as the settlement user. The DSNs carry no password (the embedded server's are in its
+    pgpass file), so this environment can be shown in a task's rendered fields."""
+    settings = settings.for_component("settlement")
     env = {
         "SETTLE_KAFKA_BOOTSTRAP": settings.bootstrap(),
         "SETTLE_PG_DSN": settings.settlement_dsn,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from settlement.config import Settings
+from settlement.errors import redact
 from settlement.services.procs import (
     PidFile,
     ServiceError,
@@ -24,6 +25,7 @@ from settlement.services.procs import (
     spawn,
     terminate,
     wait_until,
+    write_private,
 )
 
 LOG4J2 = """\
@@ -160,27 +162,37 @@ class KafkaNode:
 
     def format_storage(self, cluster_id: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self.properties())
-        self.config_path.chmod(0o600)  # holds the admin password when SASL is on
+        # Holds the admin password when SASL is on: private from its first byte.
+        write_private(self.config_path, self.properties())
         (self.root / "log4j2.properties").write_text(LOG4J2)
         if (self.root / "data" / "meta.properties").exists():
             return
-        res = subprocess.run(
-            [java_bin(), "-cp", kafka_classpath(self.settings),
-             f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
-             # "=": a random base64 id may start with "-", which a separate argument
-             # would turn into an unknown option.
-             "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-             "-c", str(self.config_path), "--ignore-formatted", *self._scram_bootstrap()],
-            capture_output=True, text=True,
-        )
+        # The tool's arguments (the admin's SCRAM password among them) go through a private
+        # java @argfile, so that no secret is on a command line anyone can read in ps.
+        argfile = self.root / "format.args"
+        write_private(argfile, "\n".join(f'"{a}"' for a in [
+            # "=": a random base64 id may start with "-", which a separate argument
+            # would turn into an unknown option.
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+            "-c", str(self.config_path), "--ignore-formatted", *self._scram_bootstrap()]))
+        try:
+            res = subprocess.run(
+                [java_bin(), "-cp", kafka_classpath(self.settings),
+                 f"-Dlog4j2.configurationFile={self.root / 'log4j2.properties'}",
+                 f"@{argfile}"],
+                capture_output=True, text=True,
+            )
+        finally:
+            argfile.unlink(missing_ok=True)
         if res.returncode != 0:
-            raise ServiceError(f"formatting Kafka storage failed: {res.stderr or res.stdout}")
+            raise ServiceError(
+                f"formatting Kafka storage failed: {redact(res.stderr or res.stdout)}")
 
     def _scram_bootstrap(self) -> list[str]:
         s = self.settings
         if not s.embedded_sasl:
             return []
+        # Quoted in the argfile; embedded_sasl allows no quote, backslash or space in either.
         return ["--add-scram", f"{s.kafka_sasl_mechanism}=[name={s.kafka_sasl_username},"
                 f"password={s.kafka_sasl_password}]"]
 

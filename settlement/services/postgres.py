@@ -4,22 +4,58 @@ The wheel ships real PostgreSQL server binaries, so nothing outside PyPI is need
 ``initdb``/``pg_ctl`` ourselves rather than through the wheel's Python layer because that
 layer listens only on a unix socket and Spark's JDBC driver needs TCP. PostgreSQL refuses to
 run as root, so under root the cluster belongs to an unprivileged system user.
+
+Authentication as in production: TCP logins need a SCRAM password, and every component has
+its own login user (``settlement.dbusers``). The passwords are random, made on first start
+and kept in ``<state>/secrets/pgpass`` (0600, libpq's format, so clients find them without a
+password in any DSN, argument or environment variable). Only the admin may use the unix
+socket without a password, and the socket's directory is private to the server's OS user.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from settlement.config import LEDGERS, Settings
-from settlement.services.procs import PidFile, ServiceError, ensure_port_free, port_open, wait_until
+import psycopg
 
-PG_USER = "settle"  # both the OS user (under root) and the database superuser
+from settlement.config import COMPONENT_GROUPS, EMBEDDED_USERS, LEDGERS, Settings
+from settlement.services.procs import (
+    PidFile,
+    ServiceError,
+    ensure_port_free,
+    port_open,
+    wait_until,
+    write_private,
+)
+
+PG_USER = EMBEDDED_USERS["admin"]  # the database superuser: migrations and setup only
 OS_USER = "settle-pg"
+# Rewritten at every start, so a data directory made before passwords were required is
+# brought to the same rules.
+HBA = """# Written by `settle services up`; edits are overwritten at the next start.
+# The unix socket (its directory is private to the server's OS user): the admin only.
+local all {admin} trust
+# TCP: every user proves its password (SCRAM).
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
+
+
+def read_pgpass(path: Path) -> dict[str, str]:
+    """user -> password of a pgpass file's lines (host:port:db:user:password)."""
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            fields = line.split(":")
+            if len(fields) == 5 and not line.startswith("#"):
+                out[fields[3]] = fields[4]
+    return out
 
 
 def pg_bin() -> Path:
@@ -95,17 +131,21 @@ class EmbeddedPostgres:
         if owner:
             for p in (self.root, sock):
                 os.chown(p, *owner)
+        sock.chmod(0o700)
         if not (self.data / "PG_VERSION").exists():
             if self.data.exists():
                 shutil.rmtree(self.data)  # a half-written initdb from an interrupted start
             self._run(
                 [str(binaries / "initdb"), "-D", str(self.data), "-U", PG_USER,
-                 "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+                 "--auth-local=trust", "--auth-host=scram-sha-256", "-E", "UTF8",
+                 "--locale=C", "--no-sync"],
                 owner,
             )
+        self._write_hba(owner)
         opts = " ".join(
             [
-                f"-h 127.0.0.1 -p {self.port} -k {sock}",
+                f"-h 127.0.0.1 -p {self.port} -k {sock} -c unix_socket_permissions=0700",
+                "-c password_encryption=scram-sha-256",
                 "-c max_connections=200",
                 "-c shared_buffers=256MB",
                 # Bulk ingest writes a lot of WAL; fewer forced checkpoints keeps COPY fast.
@@ -122,17 +162,49 @@ class EmbeddedPostgres:
         pid = int((self.data / "postmaster.pid").read_text().split()[0])
         self.pidfile.write(pid, str(self.data))
         wait_until(lambda: port_open(self.port), 30, "PostgreSQL", self.log)
-        self.create_databases()
+        self.provision()
         return "started"
 
-    def create_databases(self) -> None:
-        import psycopg
+    @property
+    def socket_dir(self) -> Path:
+        return self.root / "sock"
 
-        with psycopg.connect(self.settings.embedded_dsn("postgres"), autocommit=True) as conn:
+    def _write_hba(self, owner: tuple[int, int] | None) -> None:
+        hba = self.data / "pg_hba.conf"
+        write_private(hba, HBA.format(admin=PG_USER))
+        if owner:
+            os.chown(hba, *owner)
+
+    def passwords(self) -> dict[str, str]:
+        """Every embedded user's password, made (random) on first use."""
+        path = self.settings.pg_passfile
+        have = read_pgpass(path)
+        if all(user in have for user in EMBEDDED_USERS.values()):
+            return have
+        made = {user: have.get(user) or secrets.token_urlsafe(24)
+                for user in EMBEDDED_USERS.values()}
+        # token_urlsafe never contains pgpass's ':' or backslash; any host, port and database.
+        write_private(path, "".join(f"127.0.0.1:*:*:{u}:{p}\n" for u, p in made.items()))
+        return made
+
+    def provision(self) -> None:
+        """Over the admin's socket: the users' passwords and memberships, the databases."""
+        from psycopg import sql
+
+        from settlement.dbusers import ensure_groups, ensure_login, set_password
+
+        passwords = self.passwords()
+        with psycopg.connect(host=str(self.socket_dir), port=self.port, user=PG_USER,
+                             dbname="postgres", autocommit=True, connect_timeout=10) as conn:
+            set_password(conn, PG_USER, passwords[PG_USER])
+            ensure_groups(conn)
+            for component, group in COMPONENT_GROUPS.items():
+                user = EMBEDDED_USERS[component]
+                ensure_login(conn, user, group, passwords[user])
             have = {r[0] for r in conn.execute("select datname from pg_database")}
             for db in databases():
                 if db not in have:
-                    conn.execute(f'create database "{db}"')
+                    conn.execute(sql.SQL("create database {}").format(sql.Identifier(db)))
 
     def stop(self, mode: str = "fast") -> bool:
         if self.pidfile.alive_pid() is None:

@@ -140,3 +140,15 @@ def terminate(pidfile: PidFile, timeout: float = 30.0, sig: int = signal.SIGTERM
         time.sleep(0.2)
     pidfile.clear()
     return True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create or replace ``path`` readable by its owner only, from the first byte (never
+    written with the default umask and chmod'ed after)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -22,6 +22,12 @@ from typing import Any
 from settlement.config import Settings
 from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS, TRADE_ID, TRANSACTIONAL_ID
 from settlement.kafka.admin import topic_partitions
+from settlement.simulator.hostile import (
+    CONTROL_ACCOUNT,
+    HOSTILE_ACCOUNTS,
+    HOSTILE_SYMBOLS,
+    HOSTILE_TRADE_ID_SUFFIX,
+)
 
 SESSION_OPEN = dt.time(13, 30)  # 09:30 New York, in UTC
 SESSION_SECONDS = 6.5 * 3600
@@ -102,6 +108,18 @@ class Trade:
         ).encode()
 
 
+class JsonTrade(Trade):
+    """A trade whose text fields may hold anything printable (hostile names): encoded by a
+    JSON encoder, never by string formatting."""
+
+    def value(self) -> bytes:
+        return json.dumps({
+            "trade_id": self.trade_id, "trade_date": self.trade_date, "seq": self.seq,
+            "symbol": self.symbol, "price": str(self.price), "quantity": self.quantity,
+            "buyer": self.buyer, "seller": self.seller, "executed_at": self.executed_at,
+        }, ensure_ascii=False).encode()
+
+
 @dataclass(frozen=True)
 class SimulationSpec:
     trade_date: str
@@ -114,6 +132,8 @@ class SimulationSpec:
     accounts: int = 300
     symbols: int = 40
     rate: float | None = None  # trades/s pacing for drills; None = as fast as possible
+    # Security drills: some accounts, symbols and trade ids from simulator.hostile.
+    hostile_names: bool = False
 
 
 @dataclass
@@ -135,6 +155,12 @@ class DayGenerator:
         price = {s: Decimal(rng.randint(500, 50_000)) / 100 for s in syms}
         part = {s: partition_for(s.encode(), self.partitions) for s in syms}
         accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
+        make: type[Trade] = Trade
+        if spec.hostile_names:
+            syms, accounts = with_hostile_names(syms, accounts)
+            part = {s: partition_for(s.encode(), self.partitions) for s in syms}
+            price = {s: Decimal(rng.randint(500, 50_000)) / 100 for s in syms}
+            make = JsonTrade
         day = dt.date.fromisoformat(spec.trade_date)
         start = dt.datetime.combine(day, SESSION_OPEN, tzinfo=dt.UTC)
         step = SESSION_SECONDS / max(spec.trades, 1)
@@ -151,11 +177,16 @@ class DayGenerator:
             qty = rng.choice((rng.randint(1, 99), rng.randint(1, 10) * 100,
                               rng.randint(1, 5) * 500))
             buyer, seller = rng.sample(accounts, 2)
+            if make is JsonTrade and rng.random() < 0.5:
+                # Hostile accounts buy half the day, so they lead the report's obligations.
+                buyer = accounts[rng.randrange(len(HOSTILE_ACCOUNTS) + 1)]
+                seller = accounts[-1] if seller == buyer else seller
             pnum = part[sym]
             seqs[pnum] += 1
             ts = start + dt.timedelta(seconds=i * step + rng.random() * step)
-            yield Trade(
-                trade_id=f"T{ymd}-{i + 1:09d}",
+            suffix = HOSTILE_TRADE_ID_SUFFIX if make is JsonTrade and i % 7 == 0 else ""
+            yield make(
+                trade_id=f"T{ymd}-{i + 1:09d}{suffix}",
                 trade_date=spec.trade_date,
                 seq=seqs[pnum],
                 partition=pnum,
@@ -167,6 +198,14 @@ class DayGenerator:
                 executed_at=ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             )
         self.last_seq = seqs
+
+
+def with_hostile_names(symbols: list[str], accounts: list[str]) -> tuple[list[str], list[str]]:
+    """The day's symbols and accounts with the hostile ones in front: the most traded symbols
+    and accounts that trade all day (the control-character account's trades are refused)."""
+    syms = [*HOSTILE_SYMBOLS, *symbols[len(HOSTILE_SYMBOLS):]]
+    accts = [*HOSTILE_ACCOUNTS, CONTROL_ACCOUNT, *accounts[len(HOSTILE_ACCOUNTS) + 1:]]
+    return syms, accts
 
 
 def _cumulative(weights: list[float]) -> list[float]:

@@ -15,8 +15,9 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from settlement.config import Settings
+from settlement.config import Settings, jaas_login
 from settlement.contract import CLOSE, LEDGER_COLUMNS
+from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
@@ -30,8 +31,9 @@ def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
         raise ValueError(f"the JDBC driver needs a TCP host, not the socket {host}")
     url = f"jdbc:postgresql://{host}:{info.get('port') or 5432}/{info['dbname']}"
     props = {"user": str(info.get("user") or ""), "driver": "org.postgresql.Driver"}
-    if info.get("password"):
-        props["password"] = str(info["password"])
+    password = dsn_password(dsn)  # the DSN's own, or its pgpass file's (embedded server)
+    if password:
+        props["password"] = password
     return url, props
 
 
@@ -39,13 +41,10 @@ def kafka_options(settings: Settings) -> dict[str, str]:
     opts = {"kafka.bootstrap.servers": settings.bootstrap(),
             "kafka.security.protocol": settings.kafka_security_protocol}
     if settings.kafka_security_protocol.startswith("SASL"):
-        module = ("org.apache.kafka.common.security.plain.PlainLoginModule"
-                  if settings.kafka_sasl_mechanism == "PLAIN"
-                  else "org.apache.kafka.common.security.scram.ScramLoginModule")
         opts["kafka.sasl.mechanism"] = settings.kafka_sasl_mechanism
-        opts["kafka.sasl.jaas.config"] = (
-            f'{module} required username="{settings.kafka_sasl_username}" '
-            f'password="{settings.kafka_sasl_password}";')
+        opts["kafka.sasl.jaas.config"] = jaas_login(
+            settings.kafka_sasl_mechanism, settings.kafka_sasl_username or "",
+            settings.kafka_sasl_password or "")
     if settings.kafka_ssl_ca_location:
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = settings.kafka_ssl_ca_location

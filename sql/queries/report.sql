@@ -1,10 +1,9 @@
 -- Named statements of the audit report (settlement/report/).
 
 -- name: store_report
+-- Append-only (migration 0007): a run has one report, written once.
 insert into audit_reports (trade_date, run_id, report_json, html_path)
 values (%(trade_date)s, %(run_id)s, %(report_json)s, %(html_path)s)
-on conflict (trade_date, run_id) do update
-set report_json = excluded.report_json, html_path = excluded.html_path, created_at = now()
 
 -- Every figure of a day's report comes from that day only (issue 16). Two notions of "the
 -- day" inside a ledger, both derived from its close markers, so they hold across restarts,
