@@ -17,8 +17,9 @@
 #      (SCRAM cannot guard it: controllers talk before the credentials are loaded).
 #   3. admin-client.properties (the admin's SCRAM login) for the healthcheck and operators'
 #      CLI tools: kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties
-#   4. kafka-storage.sh format --ignore-formatted --add-scram SCRAM-SHA-512=[name=admin,...]
-#      (a no-op once the volume holds data: later password changes go through the API).
+#   4. the storage tool's format --ignore-formatted --add-scram SCRAM-SHA-512=[name=admin,...]
+#      from a private java @argfile (no password in `ps`); a no-op once the volume holds
+#      data: later password changes go through the API.
 #   5. exec kafka-server-start.sh.
 #
 # `kafka-start.sh --render-only DIR` does steps 1-3 into DIR and exits (used by the tests).
@@ -114,8 +115,17 @@ if [[ -n $render_only ]]; then
   exit 0
 fi
 
-/opt/kafka/bin/kafka-storage.sh format --ignore-formatted \
-  --cluster-id="$CLUSTER_ID" --config "$props" \
-  --add-scram "$scram=[name=$admin_user,password=$admin_password]"
+# The format's arguments carry the admin's password: they go through a private java @argfile
+# (kafka-run-class.sh hands "@file" to java, which expands it before the main class), so the
+# password is never on a command line that `ps` shows.
+argfile=$(mktemp "$conf_dir/format.XXXXXX")  # 0600 (umask 077 above)
+trap 'rm -f "$argfile"' EXIT
+printf '"%s"\n' kafka.tools.StorageTool format --ignore-formatted "--cluster-id=$CLUSTER_ID" \
+  --config "$props" --add-scram "$scram=[name=$admin_user,password=$admin_password]" >"$argfile"
+/opt/kafka/bin/kafka-run-class.sh "@$argfile"
+rm -f "$argfile"
+trap - EXIT
 
+# The broker reads the password from server.properties; its environment need not hold it.
+unset KAFKA_ADMIN_PASSWORD admin_password
 exec /opt/kafka/bin/kafka-server-start.sh "$props"

@@ -194,23 +194,33 @@ def cmd_kafka(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return init(s, [Grant.parse(g) for g in args.grant])
 
 
+def cmd_airflow_users(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.orchestration.fab_users import UserGrant, apply_user_grants
+
+    if not args.grant:
+        raise ConfigError("settle airflow-users: name at least one --grant "
+                          "ROLE:USER:PASSWORD_ENV")
+    return {"users": apply_user_grants([UserGrant.parse(g) for g in args.grant])}
+
+
 def cmd_db(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.db import migrate_all
+    from settlement.db import connect, migrate_all
+    from settlement.dbusers import LoginGrant, apply_grants
     from settlement.services.schema import write_schema_file
 
     if args.action == "schema":
         return {"schema_file": write_schema_file(s, args.output)}
-    if args.action == "users":
-        from settlement.db import connect
-        from settlement.dbusers import LoginGrant, apply_grants
-
-        if not args.grant:
-            raise ConfigError("settle db users: name at least one --grant "
-                              "COMPONENT:USER:PASSWORD_ENV")
-        grants = [LoginGrant.parse(g) for g in args.grant]
+    grants = [LoginGrant.parse(g) for g in args.grant]  # checked before anything changes
+    if args.action == "users" and not grants:
+        raise ConfigError("settle db users: name at least one --grant "
+                          "COMPONENT:USER:PASSWORD_ENV")
+    out: dict[str, Any] = {}
+    if args.action == "migrate":
+        out["databases"] = migrate_all(s)
+    if grants:
         with connect(s.for_component("admin").settlement_dsn, autocommit=True) as conn:
-            return {"users": apply_grants(conn, grants)}
-    return {"databases": migrate_all(s)}
+            out["users"] = apply_grants(conn, grants)
+    return out
 
 
 def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
@@ -366,6 +376,7 @@ COMMANDS: dict[str, Handler] = {
     "services": cmd_services,
     "db": cmd_db,
     "kafka": cmd_kafka,
+    "airflow-users": cmd_airflow_users,
     "simulate": cmd_simulate,
     "site": cmd_site,
 }
@@ -436,10 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["migrate", "schema", "users"],
                     help="migrate: apply sql/migrations everywhere; schema: regenerate "
                          "sql/schema.sql (or --output FILE) from an empty database; users: "
-                         "create or update the --grant login users")
+                         "create or update the --grant login users (migrate does too, after "
+                         "the migrations)")
     sp.add_argument("--grant", action="append", default=[],
                     metavar="COMPONENT:USER:PASSWORD_ENV",
-                    help="users: create or update USER (password from the environment "
+                    help="migrate, users: create or update USER (password from the environment "
                          "variable PASSWORD_ENV, sent as a SCRAM verifier) as a member of "
                          "COMPONENT's group role only: site_a, site_b, settlement or "
                          "auditor; repeatable; re-run to rotate a password")
@@ -452,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="create or update USER (password from the environment variable "
                          "PASSWORD_ENV) with the ACLs of ROLE: gateway, site-a, site-b or "
                          "settlement; repeatable")
+
+    sp = add("airflow-users", "create or update Airflow's users and roles (FAB auth manager)")
+    sp.add_argument("--grant", action="append", default=[], metavar="ROLE:USER:PASSWORD_ENV",
+                    help="create or update USER with exactly ROLE: auditor (Viewer: sees runs, "
+                         "logs and reports), operations (Op: also triggers and clears) or "
+                         "admin; the password is read from the environment variable "
+                         "PASSWORD_ENV; repeatable; re-run to rotate a password")
 
     sp = add("simulate", "publish one trading day to the trades topic")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")

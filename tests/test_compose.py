@@ -94,7 +94,26 @@ def _grants() -> dict[str, tuple[str, str]]:
     return grants
 
 
-GRANT_PASSWORD_VARS = {env for _, env in _grants().values()}
+def _pg_grants() -> dict[str, tuple[str, str]]:
+    """migrate's --grant COMPONENT:USER:PASSWORD_ENV arguments as {user: (component, env)}."""
+    cmd = [str(c) for c in SERVICES["migrate"]["command"]]
+    assert cmd[:2] == ["db", "migrate"], cmd
+    flags, values = cmd[2::2], cmd[3::2]
+    assert set(flags) == {"--grant"} and len(flags) == len(values), cmd
+    return {user: (component, env)
+            for component, user, env in (v.split(":") for v in values)}
+
+
+GRANT_PASSWORD_VARS = {env for _, env in _grants().values()} | \
+    {env for _, env in _pg_grants().values()}
+PG_ADMIN = "settle"
+# Which PostgreSQL user each service logs in as (every URL in its environment).
+PG_USERS = {"migrate": {PG_ADMIN}, "site-a": {"settle_site_a"}, "site-b": {"settle_site_b"},
+            "airflow-scheduler": {"settle_eod", "airflow"},
+            "airflow-apiserver": {"settle_audit", "airflow"},
+            "airflow-triggerer": {"settle_audit", "airflow"},
+            "airflow-dag-processor": {"airflow"}, "airflow-init": {"airflow"},
+            "airflow-pools": {"airflow"}, "airflow-users": {"airflow"}}
 
 
 def _env_example() -> tuple[set[str], set[str]]:
@@ -122,8 +141,8 @@ def test_app_services_use_only_documented_settle_names() -> None:
         for var in _env(svc):
             if not var.startswith("SETTLE_"):
                 continue
-            if name == "kafka-init" and var in GRANT_PASSWORD_VARS:
-                continue  # read by `settle kafka init --grant ROLE:USER:<var>`, not a setting
+            if name in ("kafka-init", "migrate") and var in GRANT_PASSWORD_VARS:
+                continue  # read by `settle kafka init / db migrate --grant ...:<var>`
             assert var in SETTLE_NAMES, f"{name}: {var} is not a setting in config.py"
             used.add(var)
     assert {"SETTLE_KAFKA_BOOTSTRAP", "SETTLE_PG_DSN", "SETTLE_LEDGER_A_DSN",
@@ -412,9 +431,10 @@ def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init")) ->
 
 def test_airflow_components_share_metadata_db_and_secrets() -> None:
     raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
-    url = urlsplit(_interpolate(raw, {"SETTLE_PG_PASSWORD": "from-dotenv"}))
+    url = urlsplit(_interpolate(raw, {"AIRFLOW_DB_PASSWORD": "from-dotenv"}))
     assert url.scheme.startswith("postgresql") and url.hostname == "postgres"
     assert url.path == "/airflow" and url.password == "from-dotenv"
+    assert url.username == "airflow"  # its own login, owner of that database only
     assert _ref(_shared("AIRFLOW__API_AUTH__JWT_SECRET")) == "AIRFLOW_JWT_SECRET"
     assert _ref(_shared("AIRFLOW__CORE__FERNET_KEY")) == "AIRFLOW_FERNET_KEY"
     assert _ref(_shared("AIRFLOW__API__SECRET_KEY")) == "AIRFLOW_API_SECRET_KEY"
@@ -422,13 +442,17 @@ def test_airflow_components_share_metadata_db_and_secrets() -> None:
     assert _shared("AIRFLOW__CORE__DAGS_FOLDER") == "/app/dags"
     assert _shared("AIRFLOW__CORE__LOAD_EXAMPLES") == "False"
     assert _shared("AIRFLOW_HOME") == "/app/airflow"
-    assert _shared("AIRFLOW__CORE__AUTH_MANAGER").endswith(".SimpleAuthManager")
+    # Roles (auditors view, operations act): the FAB auth manager, whose provider is installed.
+    manager = _shared("AIRFLOW__CORE__AUTH_MANAGER")
+    assert manager == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+    assert importlib.util.find_spec(manager.rsplit(".", 1)[0])
     assert _shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL") == \
         "http://airflow-apiserver:8080/execution/"
-    # The UI login's password reaches the api-server only.
-    for name in (*AIRFLOW, "airflow-init"):
-        has = "AIRFLOW_ADMIN_PASSWORD" in _env(SERVICES[name])
-        assert has == (name == "airflow-apiserver"), name
+    # The UI logins' passwords reach the one-shot airflow-users only.
+    for name, svc in SERVICES.items():
+        has = {"AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
+               "AIRFLOW_AUDITOR_PASSWORD"} & set(_env(svc))
+        assert bool(has) == (name == "airflow-users"), name
 
 
 def test_airflow_metadata_db_drivers_are_installed() -> None:
@@ -437,7 +461,7 @@ def test_airflow_metadata_db_drivers_are_installed() -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    dotenv = {"SETTLE_PG_PASSWORD": "pw"}
+    dotenv = {"AIRFLOW_DB_PASSWORD": "pw"}
     sync = _interpolate(_shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"), dotenv)
     async_url = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC")
     assert async_url != "None", "set SQL_ALCHEMY_CONN_ASYNC (asyncpg is not installed)"
@@ -455,7 +479,7 @@ def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> N
     env = _env(SERVICES["airflow-scheduler"])
     needed = set(airflow_connections(Settings()))
     assert needed <= set(env), f"missing {needed - set(env)}"
-    dotenv = {"SETTLE_PG_PASSWORD": "pw"}
+    dotenv = {"SETTLE_PG_SETTLEMENT_PASSWORD": "pw"}
     spark = json.loads(_interpolate(env["AIRFLOW_CONN_SPARK_DEFAULT"], dotenv))
     assert spark["conn_type"] == "spark" and spark["host"] == "local[2]"
     kafka = json.loads(env["AIRFLOW_CONN_KAFKA_DEFAULT"])
@@ -491,3 +515,69 @@ def test_airflow_operations_settings() -> None:
     for name in ("airflow-scheduler", "airflow-triggerer"):
         env = _env(SERVICES[name])
         assert _ref(env["SETTLE_ALERT_EMAIL"]) == "SETTLE_ALERT_EMAIL", name
+
+
+# -- PostgreSQL logins ------------------------------------------------------------------------
+
+def _pg_urls(svc: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every PostgreSQL URL in a service's environment, as (variable, parsed URL)."""
+    out = []
+    for var, value in _env(svc).items():
+        text = str(value)
+        if text.startswith(("postgres://", "postgresql://", "postgresql+")):
+            values = {m[0]: "pw" for m in VAR_REF.findall(text)}
+            out.append((var, urlsplit(_interpolate(text, values))))
+    return out
+
+
+def test_only_the_one_shot_setup_logs_in_as_the_postgres_admin() -> None:
+    seen = {}
+    for name, svc in SERVICES.items():
+        users = {url.username for _, url in _pg_urls(svc)}
+        if users:
+            seen[name] = users
+    assert seen == PG_USERS
+    # The admin's password is in the postgres container (which creates the admin) and migrate.
+    for name, svc in SERVICES.items():
+        if "SETTLE_PG_ADMIN_PASSWORD" in json.dumps(_env(svc)):
+            assert name in ("postgres", "migrate"), name
+    assert SERVICES["migrate"]["restart"] == "no"
+    assert _env(SERVICES["postgres"])["POSTGRES_USER"] == PG_ADMIN
+
+
+def test_migrate_creates_one_login_per_component_with_its_own_password() -> None:
+    from settlement.config import COMPONENT_GROUPS
+
+    grants = _pg_grants()
+    assert {c for c, _ in grants.values()} == set(COMPONENT_GROUPS)
+    env = _env(SERVICES["migrate"])
+    for user, (_, password_env) in grants.items():
+        assert _ref(env[password_env]) == password_env, user
+    # Each component's URLs carry the password migrate gave that user, and no other's.
+    for name, svc in SERVICES.items():
+        for var, value in _env(svc).items():
+            text = str(value)
+            for user, (_, password_env) in grants.items():
+                if f"//{user}:" in text:
+                    assert f"${{{password_env}:?" in text, (name, var)
+
+
+def test_postgres_init_creates_the_airflow_login_from_stdin() -> None:
+    script = (ROOT / "deploy" / "postgres-init.sh").read_text()
+    assert "CREATE ROLE airflow LOGIN PASSWORD :'pw';" in script
+    assert "AIRFLOW_DB_PASSWORD" in _env(SERVICES["postgres"])
+    mounts = SERVICES["postgres"]["volumes"]
+    assert "./deploy/postgres-init.sh:/docker-entrypoint-initdb.d/00-databases.sh:ro" in mounts
+
+
+def test_airflow_users_gives_each_login_one_role() -> None:
+    from settlement.orchestration.fab_users import ROLES, UserGrant
+
+    svc = SERVICES["airflow-users"]
+    cmd = [str(c) for c in svc["command"]]
+    assert cmd[0] == "airflow-users" and svc["restart"] == "no"
+    grants = [UserGrant.parse(_interpolate(v, {})) for v in cmd[2::2]]
+    assert {g.role for g in grants} == set(ROLES)
+    for g in grants:
+        assert _ref(_env(svc)[g.password_env]) == g.password_env
+    assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"

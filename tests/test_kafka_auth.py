@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from settlement.config import ConfigError, Settings
 from settlement.kafka.security import Grant, role_acls
 from settlement.services.kafka import EmbeddedKafka
 from tests.helpers import settle
+from tests.spark_fixtures import spark  # noqa: F401
 
 DATE = "2026-11-20"
 PORT, CONTROLLER_PORT = 29592, 29692  # clear of the suite's 3-broker cluster (29092-29194)
@@ -32,6 +35,7 @@ class SecureKafka:
     settings: Settings  # as the admin
     env: dict[str, str]  # the CLI's environment as the admin
     passwords: dict[str, str]
+    processes: set[str]  # every command line seen while the broker was formatted and started
 
     def client(self, user: str | None, password: str | None = None, **extra: Any
                ) -> dict[str, Any]:
@@ -52,6 +56,10 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKaf
     state = Path(tmp_path_factory.mktemp("sasl-kafka"))
     passwords = {u: secrets.token_urlsafe(18)
                  for u in ("admin", "gateway", "site-a", "site-b", "settlement")}
+    # Settlement's password holds JAAS metacharacters: Spark's Kafka login is a JAAS string,
+    # so unescaped they would end the value early (or inject options).
+    passwords["settlement"] += '"\\; username="admin'
+
     env = {
         **os.environ,
         "SETTLE_STATE_DIR": str(state),
@@ -71,9 +79,23 @@ def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKaf
         kafka_sasl_username="admin", kafka_sasl_password=passwords["admin"],
     )
     kafka = EmbeddedKafka(settings)
-    kafka.start(1)
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def sample() -> None:  # bounded by the start below
+        while not stop.wait(0.05):
+            seen.update(subprocess.run(["ps", "-ww", "-eo", "args", "--no-headers"],
+                                       capture_output=True, text=True).stdout.splitlines())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
-        yield SecureKafka(settings, env, passwords)
+        kafka.start(1)
+    finally:
+        stop.set()
+        sampler.join(10)
+    try:
+        yield SecureKafka(settings, env, passwords, seen)
     finally:
         kafka.stop()
 
@@ -213,3 +235,40 @@ def test_embedded_broker_rejects_unsupported_security() -> None:
     with pytest.raises(ConfigError, match="SETTLE_KAFKA_SASL_PASSWORD"):
         _ = Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_username="a",
                      kafka_sasl_password='has"quote').embedded_sasl
+
+
+def test_no_secret_on_a_command_line_and_secret_files_are_private(
+        secure_kafka: SecureKafka) -> None:
+    k = secure_kafka
+    # The broker's own process was seen (and its storage format before it, briefly).
+    assert any("kafka.Kafka" in line for line in k.processes)
+    assert any("format.args" in line for line in k.processes)
+    for line in k.processes:
+        assert k.passwords["admin"] not in line, line[:300]
+    node = EmbeddedKafka(k.settings).nodes()[0]
+    assert k.passwords["admin"] in node.config_path.read_text()
+    assert node.config_path.stat().st_mode & 0o777 == 0o600
+    assert not list(node.root.glob("*.args"))  # the format's argfile is gone
+
+
+def test_spark_logs_in_with_a_password_holding_jaas_metacharacters(
+        granted: SecureKafka, spark: Any) -> None:  # noqa: F811
+    from settlement.spark.io import kafka_options
+
+    k = granted
+    settle(["simulate", "--date", "2026-11-21", "--trades", "50", "--seed", "4"],
+           k.env_as("gateway"), timeout=120)
+    as_settlement = k.settings.model_copy(update={
+        "kafka_sasl_username": "settlement", "kafka_sasl_password": k.passwords["settlement"]})
+    opts = kafka_options(as_settlement)
+    n = (spark.read.format("kafka").options(**opts)
+         .option("subscribe", "trades").option("kafka.isolation.level", "read_committed")
+         .load().count())
+    assert n >= 50 + 6
+    # The same login with the admin's name injected is not what the broker saw: a wrong
+    # password for "settlement" is refused, so the escaping is what made the read work.
+    bad = kafka_options(as_settlement.model_copy(update={"kafka_sasl_password": "nope"}))
+    with pytest.raises(Exception, match="(?i)authentication"):
+        (spark.read.format("kafka").options(**bad).option("subscribe", "trades")
+         .option("kafka.request.timeout.ms", "8000")
+         .option("kafka.default.api.timeout.ms", "8000").load().count())

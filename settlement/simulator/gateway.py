@@ -179,7 +179,7 @@ class DayGenerator:
             buyer, seller = rng.sample(accounts, 2)
             if make is JsonTrade and rng.random() < 0.5:
                 # Hostile accounts buy half the day, so they lead the report's obligations.
-                buyer = accounts[rng.randrange(len(HOSTILE_ACCOUNTS) + 1)]
+                buyer = accounts[rng.randrange(len(HOSTILE_ACCOUNTS))]
                 seller = accounts[-1] if seller == buyer else seller
             pnum = part[sym]
             seqs[pnum] += 1
@@ -202,10 +202,20 @@ class DayGenerator:
 
 def with_hostile_names(symbols: list[str], accounts: list[str]) -> tuple[list[str], list[str]]:
     """The day's symbols and accounts with the hostile ones in front: the most traded symbols
-    and accounts that trade all day (the control-character account's trades are refused)."""
+    and accounts that trade all day."""
     syms = [*HOSTILE_SYMBOLS, *symbols[len(HOSTILE_SYMBOLS):]]
-    accts = [*HOSTILE_ACCOUNTS, CONTROL_ACCOUNT, *accounts[len(HOSTILE_ACCOUNTS) + 1:]]
+    accts = [*HOSTILE_ACCOUNTS, *accounts[len(HOSTILE_ACCOUNTS):]]
     return syms, accts
+
+
+def control_message(trade: Trade) -> bytes:
+    """The hostile drill's refused message: a copy of ``trade`` under another id whose buyer
+    holds a control character. Sent besides the trade (it takes no sequence number), so the
+    day stays complete and the message is a dead letter."""
+    good = json.loads(trade.value())
+    good["trade_id"] = trade.trade_id.removesuffix(HOSTILE_TRADE_ID_SUFFIX) + "-CTL"
+    good["buyer"] = CONTROL_ACCOUNT
+    return json.dumps(good, ensure_ascii=False).encode()
 
 
 def _cumulative(weights: list[float]) -> list[float]:
@@ -385,6 +395,10 @@ def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade], spec: Simu
             _produce(tx, topic, malformed_message(kind, t, rng), t.symbol.encode(), t.partition,
                      TRADE_HEADERS)
             malformed[kind] += 1
+        if spec.hostile_names and t.trade_id.endswith(HOSTILE_TRADE_ID_SUFFIX):
+            _produce(tx, topic, control_message(t), t.symbol.encode(), t.partition,
+                     TRADE_HEADERS)
+            malformed["hostile_control_char"] += 1
         _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
     tx.commit_transaction(60)
     stats["transactions"] += 1

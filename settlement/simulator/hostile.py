@@ -7,8 +7,10 @@ table, quotes and SQL, bidirectional and astral unicode. Each is valid under the
 report as data. The script payloads mark the page (``document.title``, a ``data-pwned``
 attribute) rather than pop a dialog, so a headless browser can tell whether any ran.
 
-One account name holds an ESC control character: the contract refuses it, so every trade
-naming that account is a dead letter, stored with its raw bytes and the reason.
+Besides every trade whose id carries the hostile suffix, the gateway sends a copy under
+another id whose buyer holds an ESC control character: the contract refuses it, so it is a
+dead letter, stored with its raw bytes and the reason (it takes no sequence number, so the
+day stays complete).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ HOSTILE_ACCOUNTS: tuple[str, ...] = (
     "Zoë–Ünïcødé €😀",
     "${jndi:ldap://127.0.0.1:1/x} %s %n {0}",
 )
-# Refused by the contract (a C0 control character): its trades become dead letters.
+# Refused by the contract (a C0 control character): its messages become dead letters.
 CONTROL_ACCOUNT = "ACC\x1b[31mRED"
 HOSTILE_TRADE_ID_SUFFIX = "<b onmouseover=\"document.title='PWNED'\">'\""
 
