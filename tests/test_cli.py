@@ -48,7 +48,7 @@ def test_status_json_is_the_last_line(tmp_path) -> None:
     assert res.returncode == 0, res.stderr
     out = last_json(res.stdout)
     assert out["postgres"] == "stopped" and out["kafka"] == "stopped"
-    assert out["postgres_dsn"].endswith(":25999/settlement")
+    assert out["postgres_dsn"].split("?")[0].endswith(":25999/settlement")
     assert set(out["ledger_dsns"]) == {"a", "b", "shared"}
 
 

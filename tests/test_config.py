@@ -14,7 +14,7 @@ def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.embedded_kafka
     assert s.bootstrap() == "127.0.0.1:19092"
     assert s.bootstrap(3) == "127.0.0.1:19092,127.0.0.1:19093,127.0.0.1:19094"
-    assert s.ledger_dsns()["shared"].endswith(":15432/ledger_shared")
+    assert s.ledger_dsns()["shared"].split("?")[0].endswith(":15432/ledger_shared")
     assert s.site_ledger("a", "separate") == "a"
     assert s.site_ledger("a", "shared") == "shared"
 
@@ -58,3 +58,37 @@ def test_sasl_needs_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_dates(bad: str) -> None:
     with pytest.raises(ConfigError, match="--date"):
         check_date(bad)
+
+
+def test_embedded_dsns_name_each_components_user_and_no_password() -> None:
+    from urllib.parse import unquote, urlsplit
+
+    from settlement.config import EMBEDDED_USERS
+
+    s = load_settings(pg_port=15432, pg_db_prefix="t1_")
+    for component, user in EMBEDDED_USERS.items():
+        url = urlsplit(s.for_component(component).ledger_dsn("a"))  # type: ignore[arg-type]
+        assert (url.username, url.password, url.path) == (user, None, "/t1_ledger_a")
+        assert unquote(url.query) == f"passfile={s.pg_passfile}"
+    assert s.for_component("admin") is s  # the default: no copy
+    with pytest.raises(ConfigError, match="unknown component"):
+        s.for_component("root")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="SETTLE_PG_DB_PREFIX"):
+        load_settings(pg_db_prefix="x; drop")
+
+
+def test_a_refused_dsn_is_named_without_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SETTLE_PG_DSN", "mysql://eve:hunter2-secret@db/x")
+    monkeypatch.setenv("SETTLE_KAFKA_SASL_PASSWORD", "")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert "SETTLE_PG_DSN" in str(err.value) and "eve:***@db" in str(err.value)
+    assert "hunter2-secret" not in str(err.value)
+
+
+def test_jaas_values_are_escaped() -> None:
+    from settlement.config import jaas_login, jaas_quote
+
+    assert jaas_quote('a"b\\c') == '"a\\"b\\\\c"'
+    login = jaas_login("SCRAM-SHA-512", "u", 'p" username="admin')
+    assert login.endswith('password="p\\" username=\\"admin";')

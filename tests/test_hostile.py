@@ -225,7 +225,8 @@ def test_no_password_in_the_process_table_logs_reports_or_outputs(day: Day) -> N
     # A refused value is named without its password...
     ({"SETTLE_PG_DSN": "mysql://eve:S3cret-pw-1@db/x"}, "SETTLE_PG_DSN"),
     # ...an unreachable server too...
-    ({"SETTLE_PG_DSN": "postgresql://eve:S3cret-pw-1@127.0.0.1:9/x"}, "reachable|Connection refused"),
+    ({"SETTLE_PG_DSN": "postgresql://eve:S3cret-pw-1@127.0.0.1:9/x"},
+     "reachable|Connection refused"),
     # ...and a refused login.
     ({"SETTLE_PG_DSN": "postgresql://settle_audit:S3cret-pw-1@127.0.0.1:{port}/settlement"},
      "password authentication failed"),
