@@ -38,9 +38,12 @@ DATE = "2026-11-24"
 
 def fresh(settings: Settings, tag: str) -> Settings:
     name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
-    dsn = settings.embedded_dsn(name) if settings.pg_dsn is None else settings.settlement_dsn
-    ensure_database(dsn)
-    migrate_database(dsn)
+    embedded = settings.pg_dsn is None
+    admin = settings.embedded_dsn(name, "admin") if embedded else settings.settlement_dsn
+    ensure_database(admin)
+    migrate_database(admin)
+    # The site under test logs in as itself, as in production (append-only grants).
+    dsn = settings.embedded_dsn(name, "site_a") if embedded else admin
     return settings.model_copy(update={"ledger_a_dsn": dsn, "ledger_shared_dsn": dsn})
 
 

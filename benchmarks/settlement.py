@@ -33,7 +33,12 @@ from consumers.site import Site, SiteOptions
 from settlement import services
 from settlement.config import Settings, load_settings
 from settlement.db import connect
-from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.drills.namespace import (
+    drop_namespace,
+    namespace_env,
+    namespace_settings,
+    reset_namespace,
+)
 from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import SimulationSpec, simulate
 from settlement.spark.session import build_session
@@ -56,9 +61,7 @@ group by account, symbol
 
 def namespace(base: Settings) -> Settings:
     ns = namespace_env(base, f"bench_{uuid.uuid4().hex[:6]}")
-    s = base.model_copy(update={
-        "topic": ns["SETTLE_TOPIC"], "pg_dsn": ns["SETTLE_PG_DSN"],
-        **{f"ledger_{x}_dsn": ns[f"SETTLE_LEDGER_{x.upper()}_DSN"] for x in ("a", "b", "shared")}})
+    s = namespace_settings(base, ns)
     reset_namespace(s)
     return s
 

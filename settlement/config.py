@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -364,6 +365,32 @@ class Settings(BaseSettings):
         if self.kafka_ssl_ca_location:
             conf["ssl.ca.location"] = self.kafka_ssl_ca_location
         return conf
+
+
+def split_grant(text: str, roles: Iterable[str], user: re.Pattern[str], user_rule: str,
+                example: str, env_optional: bool = False) -> tuple[str, str, str | None]:
+    """A ``--grant ROLE:USER:PASSWORD_ENV`` argument (`settle kafka init`, `settle db
+    migrate`, `settle airflow-users`): checked, with an error naming the fix."""
+    parts = text.split(":")
+    shape = "ROLE:USER[:PASSWORD_ENV]" if env_optional else "ROLE:USER:PASSWORD_ENV"
+    if len(parts) not in ((2, 3) if env_optional else (3,)) or not all(parts):
+        raise ConfigError(f"--grant {text!r}: expected {shape}, e.g. {example}")
+    roles = tuple(roles)
+    if parts[0] not in roles:
+        raise ConfigError(f"--grant {text!r}: role must be one of {', '.join(roles)}")
+    if not user.match(parts[1]):
+        raise ConfigError(f"--grant {text!r}: user names are {user_rule}")
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
+
+
+def env_password(variable: str, who: str, min_length: int = 1) -> str:
+    """A password handed over by naming its environment variable (never on a command line)."""
+    value = os.environ.get(variable, "")
+    if len(value) < min_length:
+        raise ConfigError(f"{variable} (the password of {who}): unset or shorter than "
+                          f"{min_length} characters; export it there (e.g. `openssl rand "
+                          "-hex 24`)")
+    return value
 
 
 def jaas_quote(value: str) -> str:

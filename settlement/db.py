@@ -156,7 +156,8 @@ def ensure_database(dsn: str) -> bool:
         if "does not exist" not in str(e):
             raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
     with connect(with_dbname(dsn, "postgres"), autocommit=True) as conn:
-        conn.execute(f'create database "{dbname}"')  # type: ignore[arg-type]
+        conn.execute(psycopg.sql.SQL("create database {}").format(
+            psycopg.sql.Identifier(str(dbname))))
     return True
 
 

@@ -13,7 +13,6 @@ log. Role names go through ``psycopg.sql.Identifier``, never string formatting.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from settlement.config import COMPONENT_GROUPS, ConfigError
+from settlement.config import COMPONENT_GROUPS, env_password, split_grant
 
 GROUPS = tuple(sorted(set(COMPONENT_GROUPS.values())))
 _USER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -36,26 +35,14 @@ class LoginGrant:
     @classmethod
     def parse(cls, text: str) -> LoginGrant:
         """``COMPONENT:USER:PASSWORD_ENV``, e.g. the example below."""
-        parts = text.split(":")
-        example = "site_a:settle_site_a:SETTLE_PG_SITE_A_PASSWORD"
-        if len(parts) != 3 or not all(parts):
-            raise ConfigError(f"--grant {text!r}: expected COMPONENT:USER:PASSWORD_ENV, "
-                              f"e.g. {example}")
-        component, user, env = parts
-        if component not in COMPONENT_GROUPS:
-            raise ConfigError(f"--grant {text!r}: component must be one of "
-                              f"{', '.join(COMPONENT_GROUPS)} (the admin is the server's own)")
-        if not _USER.match(user):
-            raise ConfigError(f"--grant {text!r}: user names are lower-case letters, digits "
-                              "and '_', starting with a letter or '_'")
-        return cls(component, user, env)
+        component, user, env = split_grant(
+            text, COMPONENT_GROUPS, _USER,
+            "lower-case letters, digits and '_', starting with a letter or '_'",
+            "site_a:settle_site_a:SETTLE_PG_SITE_A_PASSWORD")
+        return cls(component, user, str(env))
 
     def password(self) -> str:
-        value = os.environ.get(self.password_env, "")
-        if len(value) < 12:
-            raise ConfigError(f"{self.password_env} (the password of {self.user}): set it to "
-                              "at least 12 characters, e.g. `openssl rand -hex 24`")
-        return value
+        return env_password(self.password_env, f"database user {self.user}", 12)
 
 
 def scram_verifier(conn: psycopg.Connection, user: str, password: str) -> str:

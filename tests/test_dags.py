@@ -157,6 +157,19 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto
     return dag.test(run_conf={"trade_date": day, "source": source})
 
 
+def _airflow_texts() -> list[str]:
+    """What the run left in Airflow's metadata database for people to see: XCom values and
+    rendered template fields (the spark-submit task's environment among them)."""
+    import sqlite3
+
+    db = Path(os.environ["AIRFLOW_HOME"]) / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        return [str(row[0]) for table, col in (("xcom", "value"),
+                                                ("rendered_task_instance_fields",
+                                                 "rendered_fields"))
+                for row in conn.execute(f"select {col} from {table}")]  # names are constants
+
+
 @pytest.mark.services
 def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,6 +185,14 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
                            " from settlement_runs where trade_date = %s", (day,)).fetchone()
     assert row[:4] == ("kafka", "succeeded", sim["trades"], True)
     assert Path(row[4]).exists()
+
+    # The task ran as the settlement user, and no password reached XCom or rendered fields.
+    from settlement.services.postgres import read_pgpass
+
+    passwords = read_pgpass(isolated.settings.pg_passfile).values()
+    texts = _airflow_texts()
+    assert any("settle_eod@" in t for t in texts), "the rendered spark-submit env is stored"
+    assert not [t[:200] for t in texts if any(p in t for p in passwords)]
 
     # The ledger loses a trade; the rerun settles from Kafka, validation finds the trade
     # missing from the ledger: nothing is published and the DAG run fails.

@@ -98,13 +98,17 @@ def day(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Day
     import os
     import uuid
 
-    from settlement.config import load_settings
-    from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+    from settlement.drills.namespace import (
+        drop_namespace,
+        namespace_env,
+        namespace_settings,
+        reset_namespace,
+    )
 
     logs = tmp_path_factory.mktemp("hostile")
     names = namespace_env(services, f"t{uuid.uuid4().hex[:10]}")
     env = {**os.environ, **names}
-    settings = load_settings(**{k.removeprefix("SETTLE_").lower(): v for k, v in names.items()})
+    settings = namespace_settings(services, names)
     reset_namespace(settings)
     seen: set[str] = set()
     stop = threading.Event()

@@ -34,7 +34,12 @@ from consumers.parse import Malformed, close_marker, decode, message_type, trade
 from settlement import contract as C
 from settlement.config import Settings
 from settlement.db import connect
-from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.drills.namespace import (
+    drop_namespace,
+    namespace_env,
+    namespace_settings,
+    reset_namespace,
+)
 from tests.helpers import start_site, wait_exit
 from tests.strategies import TYPE_CLOSE, TYPE_TRADE, Builder, Msg, pools
 
@@ -65,9 +70,7 @@ def namespace(base: Settings) -> Iterator[tuple[Settings, dict[str, str]]]:
     import os
 
     ns = namespace_env(base, f"p{uuid.uuid4().hex[:10]}")
-    settings = base.model_copy(update={
-        "topic": ns["SETTLE_TOPIC"], "pg_dsn": ns["SETTLE_PG_DSN"],
-        **{f"ledger_{x}_dsn": ns[f"SETTLE_LEDGER_{x.upper()}_DSN"] for x in ("a", "b", "shared")}})
+    settings = namespace_settings(base, ns)
     reset_namespace(settings)
     try:
         yield settings, {**os.environ, **ns}

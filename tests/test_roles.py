@@ -145,3 +145,17 @@ def test_auditor_cannot_write_anything(isolated: Isolated, sql: str) -> None:
     _run(s, "auditor", "select count(*) from positions, trades, settlement_runs, audit_reports",
          db="settlement")
     _refused(s, "auditor", sql, db="settlement")
+
+
+def test_login_grants_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from settlement.config import ConfigError
+    from settlement.dbusers import LoginGrant
+
+    assert LoginGrant.parse("site_a:settle_site_a:PW") == LoginGrant("site_a", "settle_site_a",
+                                                                     "PW")
+    for bad in ("admin:settle:PW", "site_a:Bad-Name:PW", "site_a:x", "site_c:x:PW"):
+        with pytest.raises(ConfigError, match="--grant"):
+            LoginGrant.parse(bad)
+    monkeypatch.setenv("SETTLE_TEST_SHORT_PW", "short")
+    with pytest.raises(ConfigError, match="SETTLE_TEST_SHORT_PW"):
+        LoginGrant.parse("auditor:settle_audit:SETTLE_TEST_SHORT_PW").password()

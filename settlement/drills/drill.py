@@ -47,7 +47,12 @@ from settlement.drills.checker import (
     wait_for_owners,
     wait_for_share,
 )
-from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
+from settlement.drills.namespace import (
+    drop_namespace,
+    namespace_env,
+    namespace_settings,
+    reset_namespace,
+)
 from settlement.drills.runner import SiteProcesses, spawn_settle, wait
 
 FAULTS = ("kill", "pause", "db-restart", "broker-kill")
@@ -225,8 +230,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     started = time.monotonic()
     name = f"drill_{uuid.uuid4().hex[:8]}"
     ns = namespace_env(base, name)
-    settings = base.model_copy(update={k.removeprefix("SETTLE_").lower(): v
-                                       for k, v in ns.items()})
+    settings = namespace_settings(base, ns)
     reset_namespace(settings)
     env = _env(base, ns)
     logs = log_dir or base.state_dir / "drills" / name

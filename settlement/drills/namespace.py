@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import psycopg
+from psycopg import sql
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import with_dbname
@@ -34,6 +35,11 @@ def namespace_env(base: Settings, prefix: str) -> dict[str, str]:
     }
 
 
+def namespace_settings(base: Settings, env: dict[str, str]) -> Settings:
+    """``base`` with a namespace's overrides (``namespace_env``) applied."""
+    return base.model_copy(update={k.removeprefix("SETTLE_").lower(): v for k, v in env.items()})
+
+
 def _databases(settings: Settings) -> list[str]:
     return [str(psycopg.conninfo.conninfo_to_dict(d)["dbname"])
             for d in settings.all_dsns().values()]
@@ -53,7 +59,8 @@ def drop_namespace(settings: Settings) -> None:
     with psycopg.connect(with_dbname(settings.settlement_dsn, "postgres"),
                          autocommit=True) as conn:
         for db in _databases(settings):
-            conn.execute(f'drop database if exists "{db}" with (force)')  # type: ignore[arg-type]
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+                sql.Identifier(db)))
 
 
 def reset_namespace(settings: Settings) -> None:

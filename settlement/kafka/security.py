@@ -19,12 +19,11 @@ appears in a process list or a compose file. Re-running is safe: credentials are
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from settlement.config import ConfigError, Settings
+from settlement.config import ConfigError, Settings, env_password, split_grant
 from settlement.contract import TRANSACTIONAL_ID, group_id
 
 ROLES = ("gateway", "site-a", "site-b", "settlement")
@@ -46,31 +45,14 @@ class Grant:
     @classmethod
     def parse(cls, text: str) -> Grant:
         """``ROLE:USER[:PASSWORD_ENV]``, e.g. ``site-a:site-a:SETTLE_KAFKA_SITE_A_PASSWORD``."""
-        parts = text.split(":")
-        if len(parts) not in (2, 3) or not all(parts):
-            raise ConfigError(
-                f"--grant {text!r}: expected ROLE:USER[:PASSWORD_ENV], e.g. "
-                "site-a:site-a:SETTLE_KAFKA_SITE_A_PASSWORD"
-            )
-        role, user = parts[0], parts[1]
-        if role not in ROLES:
-            raise ConfigError(f"--grant {text!r}: role must be one of {', '.join(ROLES)}")
-        if not _USER.match(user):
-            raise ConfigError(
-                f"--grant {text!r}: user names are 1-64 letters, digits, '.', '_' or '-'"
-            )
-        return cls(role, user, parts[2] if len(parts) == 3 else None)
+        return cls(*split_grant(text, ROLES, _USER, "1-64 letters, digits, '.', '_' or '-'",
+                                "site-a:site-a:SETTLE_KAFKA_SITE_A_PASSWORD",
+                                env_optional=True))
 
     def password(self) -> str | None:
         if self.password_env is None:
             return None
-        value = os.environ.get(self.password_env)
-        if not value:
-            raise ConfigError(
-                f"--grant {self.role}:{self.user}: environment variable {self.password_env} "
-                "is unset or empty; export the user's password there"
-            )
-        return value
+        return env_password(self.password_env, f"Kafka user {self.user}")
 
 
 def role_acls(role: str, user: str, topic: str) -> list[Any]:

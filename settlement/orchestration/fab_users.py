@@ -14,12 +14,11 @@ command line (``airflow users create -p`` would put it in ``ps``):
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from settlement.config import ConfigError
+from settlement.config import ConfigError, env_password, split_grant
 
 ROLES = {"auditor": "Viewer", "operations": "Op", "admin": "Admin"}
 _USER = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
@@ -34,24 +33,13 @@ class UserGrant:
     @classmethod
     def parse(cls, text: str) -> UserGrant:
         """``ROLE:USER:PASSWORD_ENV``, e.g. ``auditor:audit-team:AIRFLOW_AUDITOR_PASSWORD``."""
-        parts = text.split(":")
-        if len(parts) != 3 or not all(parts):
-            raise ConfigError(f"--grant {text!r}: expected ROLE:USER:PASSWORD_ENV, e.g. "
-                              "auditor:audit-team:AIRFLOW_AUDITOR_PASSWORD")
-        role, user, env = parts
-        if role not in ROLES:
-            raise ConfigError(f"--grant {text!r}: role must be one of {', '.join(ROLES)}")
-        if not _USER.match(user):
-            raise ConfigError(f"--grant {text!r}: user names are 1-64 letters, digits, "
-                              "'.', '_', '@' or '-'")
-        return cls(role, user, env)
+        role, user, env = split_grant(text, ROLES, _USER,
+                                      "1-64 letters, digits, '.', '_', '@' or '-'",
+                                      "auditor:audit-team:AIRFLOW_AUDITOR_PASSWORD")
+        return cls(role, user, str(env))
 
     def password(self) -> str:
-        value = os.environ.get(self.password_env, "")
-        if len(value) < 12:
-            raise ConfigError(f"{self.password_env} (the Airflow password of {self.user}): "
-                              "set it to at least 12 characters, e.g. `openssl rand -hex 24`")
-        return value
+        return env_password(self.password_env, f"Airflow user {self.user}", 12)
 
 
 def apply_user_grants(grants: list[UserGrant]) -> dict[str, Any]:

@@ -240,7 +240,11 @@ def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
     spec = drill.DrillSpec(scheme=params["scheme"], fault=params["fault"],
                            trades=int(params["trades"]), seed=int(params["seed"]),
                            at=float(params["at"]))
-    res = drill.run_drill(spec, settings_from_airflow())
+    # A drill is the admin's exercise (enabled only outside production, SETTLE_DRILLS_ENABLED):
+    # it creates its own namespace and kills and restarts services, so it runs with the
+    # SETTLE_ configuration, not Airflow's connections (they log in as the settlement user,
+    # which may not create databases).
+    res = drill.run_drill(spec, load_settings())
     out = drill.summary([res])["drills"][0] | {"rto_note": res.rto_note,
                                               "report_path": res.report_path}
     print(json.dumps(out, indent=2))
