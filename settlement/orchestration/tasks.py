@@ -81,8 +81,8 @@ def settings_from_airflow() -> Settings:
 
 def settle_env(settings: Settings) -> dict[str, str]:
     """Environment for the spark-submit'ed job: the same services, the same Python, logged
-    in as the settlement user. The DSNs carry no password (the embedded server's are in its
-    pgpass file), so this environment can be shown in a task's rendered fields."""
+    in as the settlement user. On the embedded server the DSNs carry no password (it stays
+    in the pgpass file they name)."""
     settings = settings.for_component("settlement")
     env = {
         "SETTLE_KAFKA_BOOTSTRAP": settings.bootstrap(),
