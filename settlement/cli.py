@@ -486,8 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pace the day at this many trades/s (default: as fast as possible)")
     sp.add_argument("--hostile-names", action="store_true",
                     help="security drill: some accounts, symbols and trade ids carry HTML/JS, "
-                         "quotes, SQL, unicode, and one account a control character (its "
-                         "trades become dead letters)")
+                         "quotes, SQL and unicode; besides one trade in 7 goes a copy whose "
+                         "buyer holds a control character (a dead letter)")
 
     sp = add("site", "run one consumer site")
     sp.add_argument("action", choices=["run"])

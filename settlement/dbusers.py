@@ -3,8 +3,9 @@
 The group roles (``settle_site``, ``settle_settlement``, ``settle_auditor``) hold the grants
 (sql/migrations); a login user is a member of one of them and of nothing else. The embedded
 server creates its users at start (``settlement.services.postgres``); a deployment runs
-``settle db users --grant COMPONENT:USER:PASSWORD_ENV ...`` once as the admin
-(docker-compose's one-shot ``db-init``). Re-running is safe and is how a password is rotated.
+``settle db migrate --grant COMPONENT:USER:PASSWORD_ENV ...`` as the admin (docker-compose's
+one-shot ``migrate``; ``settle db users`` does only the users). Re-running is safe and is how
+a password is rotated.
 
 Passwords reach the server only as SCRAM verifiers computed here (libpq's
 ``PQencryptPasswordConn``), so no plaintext password is ever in a statement the server could
