@@ -45,6 +45,20 @@ def redact(dsn: str) -> str:
     return _redact(dsn)
 
 
+def pgpass_entries(path: str | Path) -> list[list[str]]:
+    """The lines of a pgpass file as [host, port, database, user, password], unescaped
+    (libpq's format: ``\\:`` and ``\\\\`` inside a field, ``#`` starts a comment)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            fields = re.split(r"(?<!\\):", line.rstrip("\n"), maxsplit=4)
+            if len(fields) == 5 and not line.startswith("#"):
+                out.append([x.replace("\\:", ":").replace("\\\\", "\\") for x in fields])
+    return out
+
+
 def dsn_password(dsn: str) -> str | None:
     """The password libpq would use for ``dsn``: its own, else the matching line of its
     passfile (``?passfile=`` or $PGPASSFILE). For clients that are not libpq (Spark's JDBC
@@ -53,16 +67,13 @@ def dsn_password(dsn: str) -> str | None:
     if info.get("password"):
         return str(info["password"])
     passfile = info.get("passfile") or os.environ.get("PGPASSFILE")
-    if not passfile or not os.path.exists(str(passfile)):
+    if not passfile:
         return None
     want = [str(info.get("host") or "localhost"), str(info.get("port") or 5432),
             str(info.get("dbname") or ""), str(info.get("user") or "")]
-    with open(str(passfile)) as f:
-        for line in f:
-            fields = re.split(r"(?<!\\):", line.rstrip("\n"), maxsplit=4)
-            if len(fields) == 5 and not line.startswith("#") and all(
-                    have in ("*", w) for have, w in zip(fields[:4], want, strict=True)):
-                return fields[4].replace("\\:", ":").replace("\\\\", "\\")
+    for fields in pgpass_entries(str(passfile)):
+        if all(have in ("*", w) for have, w in zip(fields[:4], want, strict=True)):
+            return fields[4]
     return None
 
 

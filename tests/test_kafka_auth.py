@@ -265,8 +265,8 @@ def test_spark_logs_in_with_a_password_holding_jaas_metacharacters(
          .option("subscribe", "trades").option("kafka.isolation.level", "read_committed")
          .load().count())
     assert n >= 50 + 6
-    # The same login with the admin's name injected is not what the broker saw: a wrong
-    # password for "settlement" is refused, so the escaping is what made the read work.
+    # The broker does check the password (a wrong one is refused), so the read above got the
+    # metacharacter-laden password through intact: the escaping is what made it work.
     bad = kafka_options(as_settlement.model_copy(update={"kafka_sasl_password": "nope"}))
     with pytest.raises(Exception, match="(?i)authentication"):
         (spark.read.format("kafka").options(**bad).option("subscribe", "trades")

@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg
 
 from settlement.config import COMPONENT_GROUPS, EMBEDDED_USERS, LEDGERS, Settings
+from settlement.db import pgpass_entries
 from settlement.services.procs import (
     PidFile,
     ServiceError,
@@ -48,14 +49,8 @@ host all all ::1/128 scram-sha-256
 
 
 def read_pgpass(path: Path) -> dict[str, str]:
-    """user -> password of a pgpass file's lines (host:port:db:user:password)."""
-    out: dict[str, str] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            fields = line.split(":")
-            if len(fields) == 5 and not line.startswith("#"):
-                out[fields[3]] = fields[4]
-    return out
+    """user -> password of a pgpass file (the embedded one names every user once)."""
+    return {fields[3]: fields[4] for fields in pgpass_entries(path)}
 
 
 def pg_bin() -> Path:

@@ -149,18 +149,15 @@ class DayGenerator:
         rng = random.Random(f"trades:{spec.seed}:{spec.trade_date}")
         syms = [TICKERS[i % len(TICKERS)] + ("" if i < len(TICKERS) else str(i // len(TICKERS)))
                 for i in range(spec.symbols)]
+        accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
+        if spec.hostile_names:
+            syms, accounts = with_hostile_names(syms, accounts)
+        make: type[Trade] = JsonTrade if spec.hostile_names else Trade
         # Skewed volume: a few names trade most of the day (Zipf-like weights).
         weights = [1.0 / (rank + 1) ** 1.1 for rank in range(len(syms))]
         cum = _cumulative(weights)
         price = {s: Decimal(rng.randint(500, 50_000)) / 100 for s in syms}
         part = {s: partition_for(s.encode(), self.partitions) for s in syms}
-        accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
-        make: type[Trade] = Trade
-        if spec.hostile_names:
-            syms, accounts = with_hostile_names(syms, accounts)
-            part = {s: partition_for(s.encode(), self.partitions) for s in syms}
-            price = {s: Decimal(rng.randint(500, 50_000)) / 100 for s in syms}
-            make = JsonTrade
         day = dt.date.fromisoformat(spec.trade_date)
         start = dt.datetime.combine(day, SESSION_OPEN, tzinfo=dt.UTC)
         step = SESSION_SECONDS / max(spec.trades, 1)
@@ -177,14 +174,14 @@ class DayGenerator:
             qty = rng.choice((rng.randint(1, 99), rng.randint(1, 10) * 100,
                               rng.randint(1, 5) * 500))
             buyer, seller = rng.sample(accounts, 2)
-            if make is JsonTrade and rng.random() < 0.5:
+            if spec.hostile_names and rng.random() < 0.5:
                 # Hostile accounts buy half the day, so they lead the report's obligations.
                 buyer = accounts[rng.randrange(len(HOSTILE_ACCOUNTS))]
                 seller = accounts[-1] if seller == buyer else seller
             pnum = part[sym]
             seqs[pnum] += 1
             ts = start + dt.timedelta(seconds=i * step + rng.random() * step)
-            suffix = HOSTILE_TRADE_ID_SUFFIX if make is JsonTrade and i % 7 == 0 else ""
+            suffix = HOSTILE_TRADE_ID_SUFFIX if spec.hostile_names and i % 7 == 0 else ""
             yield make(
                 trade_id=f"T{ymd}-{i + 1:09d}{suffix}",
                 trade_date=spec.trade_date,
