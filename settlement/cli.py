@@ -37,6 +37,13 @@ def _console() -> Any:
     return Console(stderr=True)
 
 
+def _demo_scheme(value: str) -> str:
+    if value not in ("separate", "shared"):
+        raise argparse.ArgumentTypeError(
+            f"expected separate or shared (from --scheme or SCHEME), got {value!r}")
+    return value
+
+
 def _date(value: str) -> str:
     try:
         return check_date(value)
@@ -536,8 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
     sp = add("demo", "the main job end to end on the embedded services")
-    sp.add_argument("--scheme", choices=["separate", "shared"],
-                    default=os.environ.get("SCHEME", "shared"), help="the sites' scheme")
+    # argparse checks `choices` on the command line only, never on a default: the scheme
+    # from the environment (`SCHEME=... make demo`) is checked by its type instead.
+    sp.add_argument("--scheme", type=_demo_scheme, default=os.environ.get("SCHEME", "shared"),
+                    help="the sites' scheme: separate or shared (default: $SCHEME, else shared)")
     sp.add_argument("--date", type=_date, default=None, help="trade date (default today)")
     sp.add_argument("--trades", type=_positive, default=60_000, help="trades in the day")
     sp.add_argument("--rate", type=_positive, default=10_000, help="trades/s")

@@ -33,6 +33,13 @@ def test_bad_arguments_exit_2_with_a_reason(args: list[str], message: str) -> No
     assert message in res.stderr
 
 
+def test_a_bogus_scheme_from_the_environment_fails_at_once() -> None:
+    # `SCHEME=bogus make demo` used to start the demo and hang until a timeout.
+    res = run(["demo", "--trades", "10"], SCHEME="bogus")
+    assert res.returncode == 2
+    assert "expected separate or shared (from --scheme or SCHEME), got 'bogus'" in res.stderr
+
+
 def test_bad_configuration_exits_2_and_names_the_variable() -> None:
     res = run(["services", "status", "--json"], SETTLE_KAFKA_BOOTSTRAP="nohostport")
     assert res.returncode == 2

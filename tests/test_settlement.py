@@ -216,3 +216,46 @@ def test_only_validated_results_are_published(settled_day: Isolated) -> None:
     assert why in Path(forced["report_path"]).read_text()
     with pytest.raises(ValueError, match="needs the reason"):
         run_eod(s, DATE, source="db", accept_incomplete="  ")
+
+
+def test_an_older_run_never_publishes_over_a_newer_one(isolated: Isolated) -> None:
+    """Two runs of a date: the newer publishes first, the older finishes late. The late one
+    must not replace the newer day (its asset was already emitted)."""
+    from settlement.eod.model import SourceChoice
+    from settlement.eod.pipeline import Superseded, publish, published_run, start_run
+
+    s = isolated.settings.for_component("settlement")
+    choice = SourceChoice("db", "test")
+    older, newer = start_run(s, DATE, choice), start_run(s, DATE, choice)
+    publish(s, newer, DATE, None)
+    with pytest.raises(Superseded, match=f"run {newer} started later"):
+        publish(s, older, DATE, None)
+    assert published_run(s, DATE) == newer
+    publish(s, newer, DATE, None)  # the same run again (a retried publication) is fine
+
+
+def test_the_day_has_the_topics_partitions_not_the_setting(settled_day: Isolated) -> None:
+    """The topic has 6 partitions, SETTLE_PARTITIONS says 4, and the ledger lost partitions 4
+    and 5 (sites that never consumed them). Trusting the setting would call the ledger
+    complete and publish a day without two partitions."""
+    from settlement.eod.model import PartitionMismatch
+
+    s = settled_day.settings
+    with connect(s.ledger_dsn("a")) as conn:
+        for table in ("trades", "close_markers"):
+            conn.execute(f"delete from {table} where kafka_partition >= 4")
+        conn.commit()
+    four = s.model_copy(update={"partitions": 4})
+    choice = choose_source(four, DATE, requested="db")
+    assert choice.partitions == 6 and choice.as_dict()["topic_partitions"] == 6
+    assert "ledger 'a' is complete" not in choice.reason
+    out = run_eod(four, DATE, source="db")
+    assert not out["published"] and out["validation_success"] is False
+
+    # Kafka down: the count Kafka reported to that run is checked against the setting.
+    down = four.model_copy(update={"kafka_bootstrap": "127.0.0.1:1"})
+    with pytest.raises(PartitionMismatch, match="SETTLE_PARTITIONS=4 but topic .* had 6 "
+                       f"partitions when run {out['run_id']}"):
+        choose_source(down, DATE, timeout=2)
+    six = down.model_copy(update={"partitions": 6})
+    assert choose_source(six, DATE, timeout=2).partitions == 6

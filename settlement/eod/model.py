@@ -13,9 +13,16 @@ from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any, NamedTuple
 
+from settlement.errors import SettlementError
+
 
 class NoSource(RuntimeError):
     """Neither Kafka nor any ledger can provide the trade date."""
+
+
+class PartitionMismatch(SettlementError):
+    """SETTLE_PARTITIONS disagrees with what is known of the topic, and Kafka cannot be
+    asked: settling would silently leave partitions out."""
 
 
 # -- result rows (sql/migrations/0002_settlement.sql) -----------------------------------------
@@ -174,11 +181,16 @@ class SourceChoice:
     partitions: int = 0
     # Every reachable ledger's state of the day, as the chooser found it.
     states: dict[str, LedgerState] = field(default_factory=dict)
+    # The topic's partition count as Kafka reported it to this run (None: Kafka was not
+    # reachable). Recorded with the run, so a later run without Kafka can check its setting.
+    topic_partitions: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
+        known = ({} if self.topic_partitions is None
+                 else {"topic_partitions": self.topic_partitions})
         return {"source": self.source, "source_reason": self.reason,
                 "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
-                "ledgers": list(self.ledgers), "partitions": self.partitions}
+                "ledgers": list(self.ledgers), "partitions": self.partitions, **known}
 
     def close_markers(self) -> dict[int, int]:
         """partition -> last_seq of the day, from the ledgers the run reads (or any)."""
@@ -205,6 +217,7 @@ class Publication:
     published: bool
     accepted_incomplete: str | None  # the operator's reason when a failed day was forced
     note: str
+    superseded_by: int | None = None  # a later run of the date had already published
 
 
 @dataclass

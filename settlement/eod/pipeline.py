@@ -24,6 +24,7 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.eod.sources import choose_source, with_reason
+from settlement.errors import redact
 
 if TYPE_CHECKING:
     from settlement.validation.run import ValidationOutcome
@@ -80,11 +81,26 @@ def publish(settings: Settings, run_id: int, trade_date: str,
     params = {"run_id": run_id, "trade_date": trade_date,
               "accepted_incomplete": accepted_incomplete}
     with connect(settings.settlement_dsn) as conn, conn.transaction():
+        # Publications of a date are serialised, and a run never replaces one that started
+        # after it: an older run finishing late would otherwise overwrite a newer day whose
+        # asset was already emitted.
+        conn.execute(q("eod", "lock_publication"), params)
+        row = conn.execute(q("eod", "published_run"), params).fetchone()
+        if row is not None and int(row[0]) > run_id:
+            raise Superseded(int(row[0]))
         for table in RESULT_TABLES:
             conn.execute(q("eod", f"delete_{table}"), params)
             conn.execute(q("eod", f"publish_{table}"), params)
         conn.execute(q("eod", "mark_published"), params)
         conn.execute(q("eod", "record_publication"), params)
+
+
+class Superseded(Exception):
+    """A run of the same date that started later has already published."""
+
+    def __init__(self, newer_run: int):
+        super().__init__(f"run {newer_run} started later and has already published the date")
+        self.newer_run = newer_run
 
 
 def published_run(settings: Settings, trade_date: str) -> int | None:
@@ -157,27 +173,46 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         pub = decide_publication(outcome, accept_incomplete)
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:
-            _timed(result.timings, "publish", lambda: publish(
-                settings, run_id, trade_date, pub.accepted_incomplete))
-        report = None
+            try:
+                _timed(result.timings, "publish", lambda: publish(
+                    settings, run_id, trade_date, pub.accepted_incomplete))
+            except Superseded as e:
+                pub = Publication(False, None, f"not published: {e}; this run's results "
+                                  "are kept in the run_* tables", superseded_by=e.newer_run)
+                say(pub.note)
+        report, report_error = None, None
         if outcome is not None:
             say("writing the audit report")
-            report = _timed(result.timings, "report", lambda: write_report(
-                settings, run_id, trade_date, choice, result, outcome, pub))
+            try:
+                report = _timed(result.timings, "report", lambda: write_report(
+                    settings, run_id, trade_date, choice, result, outcome, pub))
+            except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
+                # The day may already be published: a report that cannot be written is
+                # recorded against the run, never turned into a failed settlement.
+                report_error = redact(f"the audit report was not written: "
+                                      f"{type(e).__name__}: {e}")
+                say(report_error)
         result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
         summary.update(result.summary())
         summary.update({"published": pub.published, "publication": pub.note,
                         "accepted_incomplete": pub.accepted_incomplete})
-        status = "failed" if outcome is not None and not pub.published else "succeeded"
-        finish_run(settings, run_id, status, summary,
-                   error=None if status == "succeeded" else pub.note)
+        # A superseded run did its work correctly: a newer run of the date simply won.
+        status = ("failed" if outcome is not None and not pub.published
+                  and pub.superseded_by is None else "succeeded")
+        error = None if status == "succeeded" else pub.note
+        if report_error is not None:
+            error = f"{error}; {report_error}" if error else report_error
+            summary["report_error"] = report_error
+        finish_run(settings, run_id, status, summary, error=error)
         finished = True
         summary["status"] = status
-        if outcome is not None and report is not None:
-            record_validation(settings, run_id, outcome, str(report.html))
+        if outcome is not None:
+            record_validation(settings, run_id, outcome,
+                              None if report is None else str(report.html))
             summary.update({"validation_success": outcome.success,
-                            "validation": outcome.as_dict(),
-                            "report_path": str(report.html), "report_json": str(report.json)})
+                            "validation": outcome.as_dict()})
+        if report is not None:
+            summary.update({"report_path": str(report.html), "report_json": str(report.json)})
     except Exception as e:
         if not finished:
             summary["timings"] = timings

@@ -21,6 +21,7 @@ from settlement.eod.model import (
     LedgerState,
     MarkerAt,
     NoSource,
+    PartitionMismatch,
     PartitionStats,
     SourceChoice,
 )
@@ -77,11 +78,15 @@ def choose_db(settings: Settings, trade_date: str, partitions: int,
                    f"(checked {', '.join(redact(settings.ledger_dsn(n)) for n in LEDGERS)})")
 
 
-def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
-                         states: dict[str, LedgerState]
-                         ) -> tuple[dict[int, tuple[int, int]] | None, str]:
-    """partition -> [start, end) offsets of the day in Kafka and how they were found, or
-    None and why not (the fallback reason)."""
+@dataclasses.dataclass(frozen=True)
+class TopicView:
+    """The topic as Kafka reports it now, or why it cannot (``partitions`` is then None)."""
+
+    partitions: list[int] | None
+    why_not: str = ""
+
+
+def topic_view(settings: Settings, timeout: float) -> TopicView:
     from confluent_kafka import KafkaException
 
     from settlement.kafka.admin import admin_client
@@ -89,11 +94,58 @@ def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
     try:
         md = admin_client(settings).list_topics(timeout=timeout)
     except KafkaException as e:
-        return None, f"Kafka is unreachable at {settings.bootstrap()} within {timeout:.0f}s ({e})"
+        return TopicView(None, f"Kafka is unreachable at {settings.bootstrap()} within "
+                               f"{timeout:.0f}s ({e})")
     topic = md.topics.get(settings.topic)
     if topic is None or topic.error is not None:
-        return None, f"topic '{settings.topic}' does not exist on {settings.bootstrap()}"
-    parts = sorted(topic.partitions)
+        return TopicView(None, f"topic '{settings.topic}' does not exist on "
+                               f"{settings.bootstrap()}")
+    return TopicView(sorted(topic.partitions))
+
+
+def recorded_partitions(settings: Settings, trade_date: str) -> tuple[int, int, str] | None:
+    """The topic's partition count as Kafka last reported it to a run of this date or an
+    earlier one: (count, run_id, trade_date), or None when no run has recorded it."""
+    with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+        row = conn.execute(q("eod", "recorded_partitions"),
+                           {"trade_date": trade_date}).fetchone()
+    return None if row is None else (int(row[0]), int(row[1]), row[2].isoformat())
+
+
+def day_partitions(settings: Settings, trade_date: str, topic: TopicView,
+                   states: dict[str, LedgerState]) -> int:
+    """How many partitions the day has. The topic's real count wherever Kafka answers (the
+    sites use it too: SETTLE_PARTITIONS only sizes a topic the services create). Without
+    Kafka, SETTLE_PARTITIONS is checked against the count Kafka last reported to a run and
+    against the partitions the ledgers hold: a topic that grew while the setting stayed put
+    would otherwise let a database-sourced day publish without its new partitions."""
+    if topic.partitions is not None:
+        return len(topic.partitions)
+    n = settings.partitions
+    recorded = recorded_partitions(settings, trade_date)
+    if recorded is not None and recorded[0] != n:
+        count, run_id, day = recorded
+        raise PartitionMismatch(
+            f"SETTLE_PARTITIONS={n} but topic '{settings.topic}' had {count} partitions when "
+            f"run {run_id} ({day}) read it, and Kafka cannot be asked now ({topic.why_not}): "
+            f"set SETTLE_PARTITIONS={count} if the topic still has {count} partitions")
+    seen = max((p for st in states.values() for p in (*st.markers, *st.stats)), default=-1)
+    if seen >= n:
+        raise PartitionMismatch(
+            f"SETTLE_PARTITIONS={n} but the ledgers hold partition {seen} of "
+            f"'{settings.topic}', and Kafka cannot be asked now ({topic.why_not}): set "
+            "SETTLE_PARTITIONS to the topic's partition count")
+    return n
+
+
+def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
+                         topic: TopicView, states: dict[str, LedgerState]
+                         ) -> tuple[dict[int, tuple[int, int]] | None, str]:
+    """partition -> [start, end) offsets of the day in Kafka and how they were found, or
+    None and why not (the fallback reason)."""
+    if topic.partitions is None:
+        return None, topic.why_not
+    parts = topic.partitions
     # What the ledgers recorded (marker offsets, where the previous day ended) only speeds the
     # search up; Kafka must confirm every recorded offset.
     recorded: dict[int, int] = {}
@@ -140,14 +192,16 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
                   timeout: float = 10.0) -> SourceChoice:
     if requested not in ("auto", "kafka", "db"):
         raise ValueError(f"--source: expected auto, kafka or db, got {requested!r}")
-    partitions = settings.partitions
     # The ledgers are asked once; every later step of the run reads the answer from the choice.
     states = ledger_states(settings, trade_date)
+    topic = topic_view(settings, timeout)
+    partitions = day_partitions(settings, trade_date, topic, states)
+    known = {"topic_partitions": partitions} if topic.partitions is not None else {}
     if requested == "db":
         ledgers, why = choose_db(settings, trade_date, partitions, states)
         return SourceChoice("db", f"requested by the operator (--source db); {why}",
-                            ledgers=ledgers, partitions=partitions, states=states)
-    ranges, why_not = _kafka_close_markers(settings, trade_date, timeout, states)
+                            ledgers=ledgers, partitions=partitions, states=states, **known)
+    ranges, why_not = _kafka_close_markers(settings, trade_date, timeout, topic, states)
     if ranges is not None:
         n = sum(end - start for start, end in ranges.values())
         how = why_not  # on success: how the day was found
@@ -156,12 +210,12 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
                   f"Kafka is reachable and holds the whole day: close markers confirmed on "
                   f"all {len(ranges)} partitions ({how}), {n} offsets retained")
         return SourceChoice("kafka", reason, kafka_ranges=ranges, partitions=len(ranges),
-                            states=states)
+                            states=states, **known)
     if requested == "kafka":
         raise NoSource(f"--source kafka was requested but {why_not}")
     ledgers, why = choose_db(settings, trade_date, partitions, states)
     return SourceChoice("db", f"fell back to the database: {why_not}; {why}",
-                        ledgers=ledgers, partitions=partitions, states=states)
+                        ledgers=ledgers, partitions=partitions, states=states, **known)
 
 
 def with_reason(choice: SourceChoice, reason: str | None) -> SourceChoice:

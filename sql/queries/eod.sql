@@ -89,3 +89,17 @@ where run_id = %(run_id)s
 
 -- name: published_run
 select run_id from published_days where trade_date = %(trade_date)s
+
+-- name: recorded_partitions
+-- The topic's partition count as Kafka last reported it to a run of this date or before
+-- (settlement_runs.offsets, written by start_run from the source choice).
+select (offsets ->> 'topic_partitions')::int, run_id, trade_date
+from settlement_runs
+where trade_date <= %(trade_date)s and offsets ? 'topic_partitions'
+order by trade_date desc, run_id desc
+limit 1
+
+-- name: lock_publication
+-- One publication of a date at a time (released at commit): the newest-run check and the
+-- replacement of the rows are then one step.
+select pg_advisory_xact_lock(hashtextextended('publish ' || %(trade_date)s::text, 0))
