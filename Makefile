@@ -14,11 +14,13 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
-.PHONY: help setup browser env jars up down status migrate test test-down lint demo airflow bench clean
+.PHONY: help setup browser env jars up down status migrate test test-quick test-down lint demo \
+	airflow bench clean
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
 	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
+	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make up | down | status | migrate | lint | bench | clean"
 
 setup: env jars
@@ -65,8 +67,28 @@ lint: env
 	$(UV) run --frozen ruff check settlement consumers dags tests benchmarks
 	$(UV) run --frozen lint-imports
 
+# The suite in two phases on one set of services, started first and stopped last (on
+# failure too): most tests in parallel worker processes (one file per worker at a time:
+# module fixtures and fixed ports stay in one process), then, alone, the tests marked
+# `exclusive` (they stop a shared service or judge a time bound). Both print their slowest
+# tests. TEST_WORKERS=1 runs the first phase in one process.
+TEST_WORKERS ?= 2
+PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 --durations-min=5
 test: setup browser
-	$(TEST_ENV) $(PY) -m pytest $(PYTEST_ARGS)
+	@$(TEST_ENV) $(SETTLE) services up --json >/dev/null
+	@$(TEST_ENV) $(SETTLE) db migrate --json >/dev/null
+	@rc=0; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS) \
+	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PYTEST) -m exclusive $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(MAKE) --no-print-directory test-down; exit $$rc
+
+# The tests that need no services (contract, parsers and the parity corpus, config, CLI
+# errors, calendar, layers and lint, report rendering, capacity model): minutes, not half
+# an hour. For the edit-run loop; `make test` before pushing.
+test-quick: env
+	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not services" \
+	  --durations=10 $(PYTEST_ARGS)
 
 # Stop the test suite's services (the suite stops them itself; this is the safety net).
 test-down:

@@ -26,8 +26,18 @@ os.environ.setdefault("SETTLE_PG_PORT", "25432")
 os.environ.setdefault("SETTLE_KAFKA_BROKERS", "3")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# pytest-xdist runs the suite in several worker processes (`make test`): each has its own
+# Airflow home, since SQLite takes one writer at a time. Unset outside xdist.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER:
+    # Great Expectations' file context and the audit reports are written by every end of
+    # day; two workers must not write one folder at once.
+    os.environ.setdefault("SETTLE_GX_DIR", str(ROOT / ".state" / "test" / f"gx-{WORKER}"))
+    os.environ.setdefault("SETTLE_REPORTS_DIR",
+                          str(ROOT / ".state" / "test" / f"reports-{WORKER}"))
 # Airflow reads its configuration at import time: a private home with SQLite, our DAGs only.
-os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".state" / "test" / "airflow"))
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".state" / "test" / "-".join(
+    x for x in ("airflow", WORKER) if x)))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 # spark-submit (SparkSubmitOperator) and the settle CLI live next to this interpreter.
@@ -39,20 +49,43 @@ from settlement.config import Settings, load_settings  # noqa: E402
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# Tests that need the embedded services, Airflow's database or a server of their own: the
+# rest is `make test-quick`. Marked from the fixtures a test uses, so a new test is sorted
+# without anyone remembering a marker.
+SERVICE_FIXTURES = {"services", "isolated", "airflow_db"}
+OWN_SERVERS = {"test_kafka_auth.py", "test_spark_cluster.py", "test_airflow_ui.py",
+               "test_airflow_roles.py", "test_wheel.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
+                or item.path.name in OWN_SERVERS):
+            item.add_marker(pytest.mark.services)
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Settings]:
-    """Embedded PostgreSQL + three-broker Kafka, migrated; stopped at the end if we started
-    them."""
+    """Embedded PostgreSQL + three-broker Kafka, migrated; stopped at the end if this process
+    started them. Under xdist the workers share one set: the first starts it (the others
+    wait on a lock file) and nobody stops it, since a worker that finishes first would pull
+    it from under the others: `make test` starts the services before and stops them after."""
+    import fcntl
+
     from settlement import services as svc
     from settlement.db import migrate_all
 
     settings = load_settings()
-    result = svc.up(settings)
-    migrate_all(settings)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.state_dir / "services.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = svc.up(settings)
+        migrate_all(settings)
     try:
         yield settings
     finally:
-        if result.get("kafka") == "started" or result.get("postgres") == "started":
+        started = result.get("kafka") == "started" or result.get("postgres") == "started"
+        if started and not WORKER:
             svc.down(settings)
 
 
@@ -70,7 +103,10 @@ def isolated(services: Settings) -> Iterator[Isolated]:
     from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
 
     name = f"t{uuid.uuid4().hex[:10]}"
-    env = namespace_env(services, name)
+    # Its own reports directory too: run ids restart at 1 in every namespace, so two tests
+    # running at once would otherwise write the same report file.
+    env = {**namespace_env(services, name),
+           "SETTLE_REPORTS_DIR": str(services.state_dir / "reports" / name)}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     settings = load_settings()

@@ -4,6 +4,7 @@ webhook receiver on loopback: a database fallback, a failed run, a day late."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import email
 import email.policy
 import json
@@ -106,8 +107,13 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto
         monkeypatch.setenv(k, v)
     from settlement.orchestration.dagtest import without_deadlines
 
-    dag = DagBag(dag_folder=str(ROOT / "dags" / "eod_settlement.py")).dags["eod_settlement"]
-    return without_deadlines(dag).test(run_conf={"trade_date": day, "source": source})
+    dag = without_deadlines(
+        DagBag(dag_folder=str(ROOT / "dags" / "eod_settlement.py")).dags["eod_settlement"])
+    for task in dag.tasks:
+        # Every retry still runs (a failure is mailed only after the last one), a second
+        # apart instead of the production minute: dag.test() sleeps through the delay.
+        task.retry_delay = dt.timedelta(seconds=1)
+    return dag.test(run_conf={"trade_date": day, "source": source})
 
 
 def _latest_run(dsn: str, day: str) -> tuple[int, str]:
@@ -132,6 +138,7 @@ def airflow_db() -> None:
 
 
 @pytest.mark.services
+@pytest.mark.exclusive  # stops the Kafka cluster every test shares
 def test_db_fallback_then_failure_are_mailed_with_date_verdict_and_report_link(
         isolated, tmp_path: Path, airflow_db: None, smtp: Inbox,
         monkeypatch: pytest.MonkeyPatch) -> None:

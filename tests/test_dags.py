@@ -216,6 +216,7 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
 
 
 @pytest.mark.services
+@pytest.mark.exclusive  # stops the Kafka cluster every test shares
 def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
         isolated, tmp_path: Path, airflow_db: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -242,6 +243,7 @@ def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
 
 
 @pytest.mark.services
+@pytest.mark.exclusive  # a shared-scheme kill: its takeover time is judged
 def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from settlement.orchestration.tasks import airflow_connections

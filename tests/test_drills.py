@@ -7,7 +7,9 @@ import pytest
 from settlement.config import Settings
 from settlement.drills import drill
 
-pytestmark = pytest.mark.services
+# The campaign restarts PostgreSQL and kills a broker under everyone's feet, and the
+# takeover tests assert a time bound: nothing else may run meanwhile.
+pytestmark = [pytest.mark.services, pytest.mark.exclusive]
 
 
 def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None:

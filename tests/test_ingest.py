@@ -123,6 +123,7 @@ def _paced_day(env: dict[str, str], seed: int, trades: int = 20000, rate: int = 
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
+@pytest.mark.exclusive  # stops the PostgreSQL server every test shares
 def test_database_restart_mid_day_pauses_and_loses_nothing(isolated: Isolated,
                                                            tmp_path: Path) -> None:
     from settlement.services.postgres import EmbeddedPostgres
