@@ -57,9 +57,11 @@ def _body(schema: str) -> list[str]:
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything pointing Python at the checkout."""
+    """This process's environment without anything pointing Python at the checkout, nor
+    the per-worker folders the suite's conftest sets (the installed copy finds its own)."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH")}
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSAFEPATH",
+                        "SETTLE_GX_DIR", "SETTLE_REPORTS_DIR")}
     env["UV_PYTHON_DOWNLOADS"] = "never"
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not p.startswith(str(ROOT)))
