@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
+from consumers.parse import conflict_reason, marker_conflict_reason
 from settlement.contract import STAGE_COLUMNS
 from settlement.db import q
 
@@ -287,16 +288,20 @@ class Ledger:
             self._check_offsets(cur, parts, expected)
             # 3. Close markers before trades: a marker earlier in this batch closes its day for
             # the trades after it (step 4).
+            # A second marker of a day's partition with another last_seq is dead-lettered.
             markers = [self._params(**m) for m in batch.close_markers]
+            marker_conflicts: dict[tuple[int, int], dict[str, Any]] = {}
             if markers and careful:
-                n_markers, bad_m = bisect(conn, markers, lambda ms: self._markers(cur, ms))
+                n_markers, bad_m = bisect(
+                    conn, markers, lambda ms: self._markers(cur, ms, marker_conflicts))
                 dead += [self._dead(partition=m["partition"], offset=m["offset"], raw=m["raw"],
                                     reason=f"close marker {reason}") for m, reason in bad_m]
                 refused += len(bad_m)
             elif markers:
-                n_markers = self._markers(cur, markers)
+                n_markers = self._markers(cur, markers, marker_conflicts)
             else:
                 n_markers = 0
+            dead += marker_conflicts.values()
             # 4. Late trades: their day had closed on their partition before they arrived.
             late: list[tuple[int, int]] = []
             if staged:
@@ -327,7 +332,20 @@ class Ledger:
                 inserted = cur.rowcount
             else:
                 inserted = 0
-            # 6. Dead letters (those of the parser, the late and the refused ones).
+            # 5b. A copy that was not inserted is a replay; one whose content differs from the
+            # copy kept is a conflicting replay: a dead letter naming the kept offset, not a
+            # duplicate. Only batches with replays pay for the query.
+            conflicting = 0
+            if n_staged > inserted:
+                rows = cur.execute(q("ingest", "conflicting_staged")).fetchall()
+                done = {(d["partition"], d["offset"]) for d in dead}  # refused already
+                by_pos = _positions(msgs, staged)
+                for p, off, trade_id, kept_p, kept_off in rows:
+                    if (p, off) not in done:
+                        dead.append(self._dead_message(
+                            by_pos[(p, off)], conflict_reason(trade_id, kept_p, kept_off)))
+                        conflicting += 1
+            # 6. Dead letters (those of the parser, the late, refused and conflicting ones).
             if dead and careful:
                 _, bad_d = bisect(conn, dead, lambda ds: self._dead_letters(cur, ds))
                 # Only the reason can be refused (raw is bytea): keep the message anyway.
@@ -340,7 +358,7 @@ class Ledger:
             # 7. The offsets and the batch's row, in the same transaction.
             cur.execute(q("ingest", "store_offsets"), self._params(
                 partitions=parts, next_offsets=[batch.next_offsets[p] for p in parts]))
-            duplicates = n_staged - inserted
+            duplicates = n_staged - inserted - conflicting
             cur.execute(q("ingest", "insert_batch"), self._params(
                 messages=batch.messages, inserted=inserted, duplicates=duplicates,
                 dead_letters=len(dead), close_markers=n_markers, partitions=parts,
@@ -365,9 +383,26 @@ class Ledger:
         if moved:
             raise Fenced(moved)
 
-    def _markers(self, cur: psycopg.Cursor[Any], markers: Sequence[dict[str, Any]]) -> int:
-        cur.executemany(q("ingest", "insert_close_marker"), markers)
-        return len(markers)
+    def _markers(self, cur: psycopg.Cursor[Any], markers: Sequence[dict[str, Any]],
+                 conflicts: dict[tuple[int, int], dict[str, Any]]) -> int:
+        """Insert the markers (a handful per day); returns how many were new. A replayed
+        marker is ignored; one that contradicts the kept marker's last_seq goes into
+        ``conflicts`` as a dead letter (keyed by position: a narrowed-down retry redoes it)."""
+        new = 0
+        for m in markers:
+            pos = (m["partition"], m["offset"])
+            if cur.execute(q("ingest", "insert_close_marker"), m).fetchone() is not None:
+                new += 1
+                conflicts.pop(pos, None)
+                continue
+            kept = cur.execute(q("ingest", "stored_close_marker"), m).fetchone()
+            if kept is not None and int(kept[0]) != m["last_seq"]:
+                conflicts[pos] = self._dead(
+                    partition=m["partition"], offset=m["offset"], raw=m["raw"],
+                    trade_date=m["trade_date"], reason=marker_conflict_reason(
+                        m["trade_date"], m["partition"], m["last_seq"], int(kept[0]),
+                        int(kept[1])))
+        return new
 
     def _insert_subset(self, cur: psycopg.Cursor[Any], keys: Sequence[tuple[int, int]]) -> int:
         cur.execute(q("ingest", "insert_staged_subset"), {
@@ -407,7 +442,7 @@ class Ledger:
         conn = self.c
         day = trade_date
         if day is None:
-            row = conn.execute(q("ingest", "newest_day")).fetchone()
+            row = conn.execute(q("ingest", "current_day")).fetchone()
             day = row[0].isoformat() if row and row[0] else None
         if day is None:
             conn.commit()

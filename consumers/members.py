@@ -16,9 +16,11 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -27,7 +29,8 @@ log = logging.getLogger("settle.site")
 _PR_SET_PDEATHSIG = 1
 # Counters a site reports that add up across its processes.
 _SUMMED = ("messages", "inserted", "duplicates", "dead_letters", "late", "refused",
-           "close_markers", "batches", "fenced", "db_errors", "data_loss_events", "rebalances")
+           "close_markers", "batches", "fenced", "db_errors", "data_loss_events", "rebalances",
+           "stalled_partitions")
 
 
 def _die_with_parent() -> None:
@@ -51,6 +54,37 @@ def member_argv(site: str, scheme: str, until_close: bool, trade_date: str | Non
     return argv
 
 
+def member_env(base_port: int, i: int, n: int) -> dict[str, str]:
+    """Member ``i``'s environment: with metrics on (``base_port`` > 0) its own port,
+    ``base_port + i``, so N members never fight over one (N-1 would die at start)."""
+    env = dict(os.environ)
+    if base_port:
+        if base_port + n - 1 > 65535:
+            raise ValueError(f"SETTLE_METRICS_PORT={base_port} with --processes {n} needs ports "
+                             f"{base_port}-{base_port + n - 1}: choose a base port of at most "
+                             f"{65536 - n}")
+        env["SETTLE_METRICS_PORT"] = str(base_port + i)
+    return env
+
+
+def _watch(procs: list[subprocess.Popen[str]], site: str, stop: threading.Event) -> None:
+    """Say at once when a member dies, not when the last one finishes: the site runs on
+    with fewer processes (Kafka gives the dead one's partitions to the others)."""
+    started, seen = time.monotonic(), set()
+    while not stop.wait(0.5):
+        for p in procs:
+            code = p.poll()
+            if code is not None and p.pid not in seen:
+                seen.add(p.pid)
+                if code != 0:
+                    alive = sum(q.poll() is None for q in procs)
+                    log.error("site %s: process %d exited with code %d after %.1f s; %d of %d "
+                              "processes left", site, p.pid, code,
+                              time.monotonic() - started, alive, len(procs))
+        if len(seen) == len(procs):
+            return
+
+
 def combine(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     """One site summary from its processes' summaries: counters summed, closed only if every
     process saw the day closed, each process's own summary kept under ``processes``."""
@@ -60,6 +94,7 @@ def combine(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in _SUMMED:
         out[key] = sum(int(o.get(key, 0)) for o in outputs)
     out["closed"] = all(bool(o.get("closed")) for o in outputs)
+    out["stalled"] = sorted({p for o in outputs for p in o.get("stalled", [])})
     seconds = max(float(o.get("seconds", 0)) for o in outputs)
     out["seconds"] = seconds
     out["trades_per_second"] = round(out["inserted"] / seconds) if seconds else 0
@@ -68,13 +103,17 @@ def combine(outputs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_members(n: int, site: str, scheme: str, until_close: bool, trade_date: str | None,
-                max_seconds: float | None) -> dict[str, Any]:
+                max_seconds: float | None, metrics_port: int = 0) -> dict[str, Any]:
     """Start ``n`` site processes, forward SIGTERM/SIGINT to them, wait, combine."""
     argv = member_argv(site, scheme, until_close, trade_date, max_seconds)
+    envs = [member_env(metrics_port, i, n) for i in range(n)]
     # stderr (the members' logs) is inherited; stdout carries only each one's JSON line.
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
-                              preexec_fn=_die_with_parent) for _ in range(n)]
-    log.info("site %s: %d processes %s", site, n, [p.pid for p in procs])
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=_die_with_parent) for env in envs]
+    log.info("site %s: %d processes %s%s", site, n, [p.pid for p in procs],
+             f", metrics on ports {metrics_port}-{metrics_port + n - 1}" if metrics_port else "")
+    stop = threading.Event()
+    threading.Thread(target=_watch, args=(procs, site, stop), daemon=True).start()
 
     def forward(signum: int, _frame: Any) -> None:
         for p in procs:
@@ -99,6 +138,7 @@ def run_members(n: int, site: str, scheme: str, until_close: bool, trade_date: s
         if p.returncode != 0 or not res.get("ok", False):
             failed.append(f"pid {p.pid} exit {p.returncode}: {res.get('error', 'no summary')}")
         outputs.append({k: v for k, v in res.items() if k != "ok"} | {"pid": p.pid})
+    stop.set()
     out = combine(outputs)
     if failed:
         raise RuntimeError(f"site {site}: {len(failed)} of {n} processes failed: "

@@ -63,8 +63,12 @@ class CloseMarker:
 def _is_date(value: str) -> bool:
     ok = _valid_dates.get(value)
     if ok is None:
+        # Only strings of the date's shape (10 characters) reach the cache: hostile 4 KB
+        # "dates" must neither hold memory nor fill the cache before the real days arrive.
+        if _DATE.fullmatch(value) is None:
+            return False
         try:
-            ok = _DATE.fullmatch(value) is not None and dt.date.fromisoformat(value) is not None
+            ok = dt.date.fromisoformat(value) is not None
         except ValueError:  # the pattern passed, the calendar did not (30 February)
             ok = False
         if len(_valid_dates) < 10_000:  # a day has one date; bound the cache anyway
@@ -261,3 +265,43 @@ def message_type(headers: list[tuple[str, bytes]] | None) -> str:
             if k == TYPE_HEADER:
                 return v.decode("utf-8", "replace") if v is not None else ""
     return MISSING_TYPE_MEANS
+
+
+# -- replays: identical copies are duplicates, conflicting ones dead letters ---------------------
+def _instant(executed_at: str) -> str:
+    """``executed_at`` as one canonical UTC text: equal instants give equal text, as equal
+    ``timestamptz`` values do in the ledger (``...T15:00:00+01:00`` is ``...T14:00:00Z``,
+    ``.500000`` is ``.5``). The common form (``Z``) costs a few string operations."""
+    if executed_at.endswith("Z"):
+        head = executed_at[:-1]
+    else:
+        head = (dt.datetime.fromisoformat(executed_at).astimezone(dt.UTC)
+                .replace(tzinfo=None).isoformat())
+    return head.rstrip("0").rstrip(".") if "." in head else head
+
+
+def fingerprint(t: tuple[str, str, int, str, str, int, str, str, str]) -> int:
+    """A hash of a trade's content (every field but its id) that is equal exactly when the
+    ledger's typed columns are equal: the price as a number (``10.5`` = ``10.50``), the
+    execution time as an instant. Two copies of one trade id with equal fingerprints are a
+    replay; with different ones, a conflicting replay (``conflict_reason``)."""
+    _, trade_date, seq, symbol, price, quantity, buyer, seller, executed_at = t
+    if "." in price:
+        price = price.rstrip("0").rstrip(".")
+    return hash((trade_date, seq, symbol, price, quantity, buyer, seller,
+                 _instant(executed_at)))
+
+
+def conflict_reason(trade_id: str, kept_partition: int, kept_offset: int) -> str:
+    """The dead-letter reason of a copy of a trade id whose content differs from the copy
+    kept; the same words from the sites and from the end of day's Kafka read."""
+    return (f"conflicting replay of trade {trade_id[:80]!r}: its fields differ from the copy "
+            f"kept at partition {kept_partition} offset {kept_offset}")
+
+
+def marker_conflict_reason(trade_date: str, partition: int, last_seq: int, kept_seq: int,
+                           kept_offset: int) -> str:
+    """The dead-letter reason of a second close marker of a day and partition whose last
+    sequence number differs from the one kept."""
+    return (f"conflicting close marker of {trade_date} on partition {partition}: last_seq "
+            f"{last_seq}, the marker kept at offset {kept_offset} says {kept_seq}")

@@ -116,10 +116,15 @@ class Site:
         self.retry_at = 0.0
         self.failures = 0
         self.unknown: dict[int, int] = {}
+        # Partitions whose stored position lies past the end of the log (a recreated topic, a
+        # restored ledger, a mirrored cluster): paused, reported, and never a reason to stop
+        # the other partitions. partition -> the stored position.
+        self.stalled: dict[int, int] = {}
         self.stop = False
         self.stats = {"messages": 0, "inserted": 0, "duplicates": 0, "dead_letters": 0,
                       "late": 0, "refused": 0, "close_markers": 0, "batches": 0, "fenced": 0,
-                      "db_errors": 0, "data_loss_events": 0, "rebalances": 0}
+                      "db_errors": 0, "data_loss_events": 0, "rebalances": 0,
+                      "stalled_partitions": 0}
         self.partition_count = 0
         self.failpoint = _failpoint()
         self.metrics = SiteMetrics(opts.site, opts.scheme)
@@ -225,7 +230,7 @@ class Site:
         return {
             "site": opts.site, "scheme": opts.scheme, "group": group_id(opts.site, opts.scheme),
             "ledger": self.settings.site_ledger(opts.site, opts.scheme),
-            "trade_date": day, "closed": closed, **self.stats,
+            "trade_date": day, "closed": closed, **self.stats, "stalled": sorted(self.stalled),
             "seconds": round(seconds, 3),
             "trades_per_second": round(self.stats["inserted"] / seconds) if seconds else 0,
         }
@@ -245,8 +250,14 @@ class Site:
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                    # Our position is outside the log: retention deleted it unread. The
-                    # resync records the gap and moves on from the log start.
+                    if m.partition() in self.stalled:
+                        # Known: past the log's end. Paused again (a rebalance resumes every
+                        # partition); the others go on, this poll's batch with them.
+                        self._pause_stalled()
+                        continue
+                    # Our position is outside the log: retention deleted it unread (the
+                    # resync records the gap and moves on from the log start), or the log
+                    # ends before it (the resync pauses that partition alone).
                     log.error("site %s: partition %s offset %s is no longer in the log: %s",
                               site, m.partition(), m.offset(), err)
                     self.needs_resync = True
@@ -392,9 +403,18 @@ class Site:
         self.consumer.assign(tps)
         if tps:
             self.consumer.resume(tps)  # a pause outlives assign(): see _on_assign
+        self._pause_stalled()
         self.needs_resync = False
         log.info("site %s: resynchronised at %s", self.opts.site, stored)
         return True
+
+    def _pause_stalled(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        owned = {tp.partition for tp in self.consumer.assignment()}
+        tps = [TopicPartition(self.topic, p) for p in self.stalled if p in owned]
+        if tps:
+            self.consumer.pause(tps)
 
     def _settle_unknown(self) -> None:
         """A batch that failed with an unknown outcome was stale if another consumer has
@@ -437,11 +457,21 @@ class Site:
                           off, low - 1, low)
                 moved[p] = low
             elif off > high:
-                # The log ends before our position (a recreated or truncated topic): not a
-                # gap we can name, and not ours to skip. Retried slowly until an operator
-                # repositions the site; the rest of the line keeps going.
-                log.error("site %s: partition %d ends at offset %d, before the stored "
-                          "position %d: was the topic recreated?", self.opts.site, p, high, off)
+                # The log ends before our position (a recreated or truncated topic, a restored
+                # ledger): not a gap we can name, and not ours to skip. This partition alone
+                # is paused (checked again at every resync) until an operator repositions the
+                # site; the other partitions keep going.
+                if p not in self.stalled:
+                    self.stats["stalled_partitions"] += 1
+                    log.error("site %s: partition %d ends at offset %d, before the stored "
+                              "position %d (was the topic recreated or the ledger restored?): "
+                              "partition %d paused, the others go on; see docs/operations.md "
+                              "\"A partition is stalled\"", self.opts.site, p, high, off, p)
+                self.stalled[p] = off
+            elif p in self.stalled:
+                log.warning("site %s: partition %d reaches its stored position %d again: "
+                            "resumed", self.opts.site, p, off)
+                del self.stalled[p]
         return moved
 
     def _heartbeat(self) -> None:

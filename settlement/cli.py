@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -73,6 +74,20 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
         return n
 
     return parse
+
+
+def _seconds(value: str) -> float:
+    """A finite, positive number of seconds: 0, negatives, nan and inf are refused (there
+    is no "0 means no limit": leave the option out for that)."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number of seconds > 0, got {value} (leave the option out for "
+            "no limit)")
+    return x
 
 
 _positive = _int_at_least(1, "a positive integer")
@@ -251,8 +266,11 @@ def cmd_site(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         from consumers.members import run_members
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-        return run_members(args.processes, args.site, args.scheme, args.until_close,
-                           args.date, args.max_seconds)
+        try:
+            return run_members(args.processes, args.site, args.scheme, args.until_close,
+                               args.date, args.max_seconds, s.metrics_port)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     opts = SiteOptions(site=args.site, scheme=args.scheme, until_close=args.until_close,
                        trade_date=args.date, max_seconds=args.max_seconds)
@@ -505,8 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="exit once every partition's close marker for the day is ingested")
     sp.add_argument("--date", type=_date, default=None,
                     help="the day --until-close waits for (default: newest day in the ledger)")
-    sp.add_argument("--max-seconds", type=float, default=None,
-                    help="stop after this long even if the day is not closed")
+    sp.add_argument("--max-seconds", type=_seconds, default=None,
+                    help="stop after this many seconds (> 0) even if the day is not closed "
+                         "(default: no limit)")
     sp.add_argument("--processes", type=_positive, default=1,
                     help="consumer processes for this site, all members of its consumer "
                          "group (default 1); the JSON sums their counters")

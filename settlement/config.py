@@ -178,6 +178,12 @@ class Settings(BaseSettings):
     spark_workers: int = Field(2, ge=1, le=8)
     spark_worker_cores: int = Field(1, ge=1, le=64)
     spark_worker_memory: str = "1g"
+    # A driver that runs remotely (a k8s:// or YARN master in cluster mode) gets no password
+    # from spark-submit (its environment becomes --conf arguments, visible in `ps`, the log
+    # and Spark's UI): mount a pgpass file into the driver (a Kubernetes secret, a YARN
+    # local resource) and name its path there.
+    spark_pgpassfile: str | None = Field(None, description="pgpass file path inside a remote "
+                                         "Spark driver")
 
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
@@ -233,8 +239,10 @@ class Settings(BaseSettings):
     @field_validator("alert_webhook")
     @classmethod
     def _webhook(cls, v: str | None) -> str | None:
+        # The URL is a credential (webhook services put the token in its path): the message
+        # never repeats it.
         if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http(s) URL, got {v!r}")
+            raise ValueError("expected an http(s) URL (the value is not shown: it is a secret)")
         return v
 
     @field_validator("gx_dir", mode="before")
@@ -313,8 +321,15 @@ class Settings(BaseSettings):
 
     @property
     def pg_passfile(self) -> Path:
-        """The embedded server's pgpass file (0600): every embedded user's password."""
+        """The embedded server's pgpass file (0600): every embedded user's password, for the
+        admin and the services' own tooling. Components read only their own
+        (``component_passfile``)."""
         return self.state_dir / "secrets" / "pgpass"
+
+    def component_passfile(self, component: Component | None = None) -> Path:
+        """The pgpass file (0600) of one component's embedded login: its line only, so a
+        site, the Spark driver or the report pages never hold the superuser's password."""
+        return self.state_dir / "secrets" / f"pgpass-{component or self.component}"
 
     def embedded_dsn(self, dbname: str, component: Component | None = None) -> str:
         """A database on the embedded server as ``component`` (default: this one). The
@@ -324,7 +339,7 @@ class Settings(BaseSettings):
 
         user = EMBEDDED_USERS[component or self.component]
         return (f"postgresql://{user}@127.0.0.1:{self.pg_port}/{dbname}"
-                f"?passfile={quote(str(self.pg_passfile))}")
+                f"?passfile={quote(str(self.component_passfile(component)))}")
 
     @property
     def settlement_dsn(self) -> str:
@@ -407,6 +422,10 @@ def jaas_login(mechanism: str, username: str, password: str) -> str:
     return f"{module} required username={jaas_quote(username)} password={jaas_quote(password)};"
 
 
+# Settings whose whole value is a secret (not only a URL's password): never shown in errors.
+SECRET_FIELDS = frozenset({"alert_webhook"})
+
+
 def _explain(err: ValidationError) -> str:
     from settlement.errors import redact
 
@@ -416,7 +435,8 @@ def _explain(err: ValidationError) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         # A refused value is shown so the operator sees what was read, never a secret in it:
         # a password field is not shown at all, a URL's password is masked.
-        shown = "***" if "password" in field else redact(repr(e.get("input")))
+        secret = "password" in field or field in SECRET_FIELDS
+        shown = "***" if secret else redact(repr(e.get("input")))
         lines.append(f"SETTLE_{field.upper()}: {msg} (got {shown})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 

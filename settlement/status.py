@@ -45,7 +45,7 @@ def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, An
     for name in LEDGERS:
         try:
             led = ledger_status(settings, name, kafka.get("high", {}))
-        except psycopg.OperationalError as e:
+        except psycopg.Error as e:  # down, refused, not migrated, no privilege: all reported
             unreachable.append(name)
             ledgers[name] = {"reachable": False, "error": redact(str(e).strip())[:300]}
             continue
@@ -53,12 +53,12 @@ def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, An
             ledgers[name] = led
     if unreachable:
         problems.append(_db_problem(f"ledger database(s) {', '.join(unreachable)}",
-                                    ledgers[unreachable[0]]["error"]))
+                                    ledgers[unreachable[0]]["error"], settings))
     if not kafka.get("error"):
         probe_lag_seconds(settings, ledgers)
     runs = settlement_runs(settings)
     if runs.get("error"):
-        problems.append(_db_problem("settlement database", runs["error"]))
+        problems.append(_db_problem("settlement database", runs["error"], settings))
     problems += judge(ledgers, runs, limits, kafka_ok=not kafka.get("error"))
     return {"healthy": not problems, "problems": problems,
             "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -81,6 +81,11 @@ def judge(ledgers: dict[str, Any], runs: dict[str, Any], limits: Thresholds,
                 problems.append(f"site {site} (ledger {name}): last heartbeat {age:.0f}s ago "
                                 f"(limit {limits.max_heartbeat_age:.0f}s): is it running?")
         for p, o in led["partitions"].items():
+            if o.get("high") is not None and o["stored"] > o["high"]:
+                problems.append(f"ledger {name} partition {p}: stored position {o['stored']} "
+                                f"is past the end of the log ({o['high']}): the topic was "
+                                "recreated or the ledger restored; the site has paused this "
+                                "partition (docs/operations.md, \"A partition is stalled\")")
             if o.get("lag") is not None and o["lag"] > limits.max_lag:
                 problems.append(f"ledger {name} partition {p}: {o['lag']} messages behind "
                                 f"(limit {limits.max_lag})")
@@ -125,12 +130,42 @@ def kafka_watermarks(settings: Settings, timeout: float = 5.0) -> dict[str, Any]
         c.close()
 
 
-def _db_problem(what: str, error: str) -> str:
-    """A database that answered but refused the login is not "unreachable": say which."""
+DEMO_HINT = ("`make demo` keeps its data in the demo namespace: look at it with "
+             "`SETTLE_TOPIC=demo_trades SETTLE_PG_DB_PREFIX=demo_ settle status`")
+
+
+def _db_problem(what: str, error: str, settings: Settings | None = None) -> str:
+    """Say what is wrong with a database that did not answer as expected, and what to do:
+    down, login refused, not migrated, or a privilege missing."""
+    if "does not exist" in error and ("relation" in error or "database" in error):
+        hint = ""
+        if settings is not None and not settings.pg_db_prefix and namespace_exists(
+                settings, "demo_"):
+            hint = f" ({DEMO_HINT})"
+        return f"{what} not migrated ({error[:160]}): run `settle db migrate`{hint}"
+    if "permission denied for" in error:
+        return (f"{what}: the login lacks a privilege ({error[:200]}): run `settle db "
+                "migrate` as the admin (it grants each component its rights), or check "
+                "the grants of SETTLE_PG_DSN's user")
     if "password" in error or "authentication" in error or "permission denied" in error:
         return (f"{what} refused the login ({error[:200]}): check the user and password of "
-                "SETTLE_PG_DSN / SETTLE_LEDGER_*_DSN (embedded: <state>/secrets/pgpass)")
+                "SETTLE_PG_DSN / SETTLE_LEDGER_*_DSN (embedded: "
+                "<state>/secrets/pgpass-<component>)")
     return f"{what} not reachable: {START_SERVICES}"
+
+
+def namespace_exists(settings: Settings, prefix: str) -> bool:
+    """Whether databases of a namespace (``demo_settlement`` ...) exist on the server."""
+    from settlement.db import with_dbname
+
+    try:
+        with psycopg.connect(with_dbname(settings.settlement_dsn, "postgres"),
+                             connect_timeout=5) as conn:
+            row = conn.execute("select exists (select 1 from pg_database where datname = %s)",
+                               (f"{prefix}settlement",)).fetchone()
+    except psycopg.Error:
+        return False
+    return bool(row and row[0])
 
 
 def ledger_status(settings: Settings, name: str, high: dict[int, int]) -> dict[str, Any] | None:
@@ -142,7 +177,7 @@ def ledger_status(settings: Settings, name: str, high: dict[int, int]) -> dict[s
                                ).fetchall()
         if not (beats or offsets):
             return None
-        row = conn.execute(q("ingest", "newest_day")).fetchone()
+        row = conn.execute(q("ingest", "current_day")).fetchone()
         day = row[0].isoformat() if row and row[0] else None
         markers = dead = 0
         if day is not None:
@@ -214,7 +249,7 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
     try:
         with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
             rows = conn.execute(q("status", "last_runs"), {"days": days}).fetchall()
-    except psycopg.OperationalError as e:
+    except psycopg.Error as e:
         return {"error": redact(str(e).strip())[:300], "runs": []}
     cols = ("trade_date", "run_id", "source", "status", "validation_success", "published",
             "finished_at", "report_path", "error")

@@ -139,12 +139,16 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         run_id, report_path, trades = conn.execute(
             "select run_id, report_path, trades from settlement_runs where trade_date = %s"
             " order by run_id desc limit 1", (DAY,)).fetchone()
-    # The plugin's pages are Airflow-authenticated: no session, no report.
-    try:
-        urllib.request.urlopen(f"{base}/settlement-reports/", timeout=30)
-        pytest.fail("the audit report index answered without a login")
-    except urllib.error.HTTPError as e:
-        assert e.code in (401, 403), e.code
+    # The plugin's pages are Airflow-authenticated: no session, no report; FastAPI's own
+    # docs and schema (outside app dependencies) are not served at all.
+    for path, codes in (("/", (401, 403)), (f"/runs/{run_id}", (401, 403)),
+                        (f"/runs/{run_id}.json", (401, 403)), ("/docs", (401, 403, 404)),
+                        ("/redoc", (401, 403, 404)), ("/openapi.json", (401, 403, 404))):
+        try:
+            urllib.request.urlopen(f"{base}/settlement-reports{path}", timeout=30)
+            pytest.fail(f"/settlement-reports{path} answered without a login")
+        except urllib.error.HTTPError as e:
+            assert e.code in codes, (path, e.code)
 
     shots = ROOT / "test-artifacts"
     with sync_playwright() as p:

@@ -25,6 +25,12 @@ def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         (["site", "run", "--site", "c", "--scheme", "shared"], "invalid choice: 'c'"),
         (["site", "run", "--site", "a", "--scheme", "both"], "invalid choice: 'both'"),
         (["services", "up", "--brokers", "2"], "invalid choice: 2"),
+        # 0 used to mean "no limit" in one process and "killed after 120 s" in the other.
+        *[(["site", "run", "--site", "a", "--scheme", "shared", f"--max-seconds={v}"],
+           "expected a finite number of seconds > 0")
+          for v in ("0", "-5", "nan", "inf", "-inf")],
+        (["site", "run", "--site", "a", "--scheme", "shared", "--max-seconds", "soon"],
+         "expected a number of seconds, got 'soon'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(args: list[str], message: str) -> None:
@@ -38,6 +44,23 @@ def test_a_bogus_scheme_from_the_environment_fails_at_once() -> None:
     res = run(["demo", "--trades", "10"], SCHEME="bogus")
     assert res.returncode == 2
     assert "expected separate or shared (from --scheme or SCHEME), got 'bogus'" in res.stderr
+
+
+def test_the_alert_webhook_never_appears_in_a_configuration_error() -> None:
+    # The URL is a credential (Slack and friends put the token in the path).
+    hook = "hxxps://hooks.example/services/T000/B000/SECRET-TOKEN-1234"
+    for extra in ([], ["--json"]):
+        res = run([*extra, "status"], SETTLE_ALERT_WEBHOOK=hook)
+        assert res.returncode == 2, res.stderr
+        assert "SETTLE_ALERT_WEBHOOK" in res.stderr + res.stdout
+        assert "SECRET-TOKEN" not in res.stderr + res.stdout
+
+
+def test_metrics_ports_past_the_last_port_are_refused() -> None:
+    res = run(["site", "run", "--site", "a", "--scheme", "shared", "--processes", "3"],
+              SETTLE_METRICS_PORT="65534")
+    assert res.returncode == 2, res.stderr
+    assert "choose a base port of at most 65533" in res.stderr
 
 
 def test_bad_configuration_exits_2_and_names_the_variable() -> None:

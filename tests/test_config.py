@@ -69,7 +69,8 @@ def test_embedded_dsns_name_each_components_user_and_no_password() -> None:
     for component, user in EMBEDDED_USERS.items():
         url = urlsplit(s.for_component(component).ledger_dsn("a"))  # type: ignore[arg-type]
         assert (url.username, url.password, url.path) == (user, None, "/t1_ledger_a")
-        assert unquote(url.query) == f"passfile={s.pg_passfile}"
+        assert unquote(url.query) == f"passfile={s.component_passfile(component)}"  # type: ignore[arg-type]
+        assert s.component_passfile(component) != s.pg_passfile  # type: ignore[arg-type]
     assert s.for_component("admin") is s  # the default: no copy
     with pytest.raises(ConfigError, match="unknown component"):
         s.for_component("root")  # type: ignore[arg-type]

@@ -203,3 +203,14 @@ def test_errors_are_classified_by_sqlstate() -> None:
                       psycopg.errors.AdminShutdown(), psycopg.errors.LockNotAvailable(),
                       psycopg.errors.QueryCanceled(), psycopg.OperationalError("gone")):
         assert not is_permanent(transient), transient
+
+
+def test_a_far_future_trade_does_not_pin_the_current_day(isolated: Isolated) -> None:
+    # The contract accepts trade dates up to 2099; one such trade used to become the "current
+    # day" of `--until-close` without --date (never closing) and of `settle status`.
+    ledger = _ledger(isolated)
+    _write(ledger, Builder().good(1, 0, 0).good(2, 1, 0)
+           .good(3, 1, 1, trade_date="2099-12-31", executed_at="2099-12-31T10:00:00Z"))
+    assert ledger.day_closed(None, 2) == (DATE, False)
+    _write(ledger, Builder().close(0, 1, 1).close(1, 2, 2))
+    assert ledger.day_closed(None, 2) == (DATE, True)

@@ -36,7 +36,17 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
+from consumers.parse import (
+    Malformed,
+    close_marker,
+    conflict_reason,
+    decode,
+    fingerprint,
+    marker_conflict_reason,
+    message_type,
+    trade_copy_line,
+    trade_values,
+)
 from settlement import contract as C
 from settlement.db import q
 from settlement.simulator.gateway import (
@@ -114,7 +124,10 @@ def spark_verdicts(session: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
         (b"k", m.value, m.partition, offset, list(m.headers) if m.headers is not None else None)
         for offset, m in enumerate(msgs)
     ]
-    classified = classify_kafka_values(session.createDataFrame(rows, RAW_SCHEMA), MAX_BYTES)
+    # One task, in offset order, as a Kafka partition is read: which copy of a trade comes
+    # first (and so which later copy is a conflicting replay) is then the same as below.
+    frame = session.createDataFrame(rows, RAW_SCHEMA).coalesce(1)
+    classified = classify_kafka_values(frame, MAX_BYTES)
     valid = F.col("reason").isNull()  # a dead letter's typed columns may hold anything
     out = classified.select(
         "kafka_offset", "reason", "_kind", "kafka_partition",
@@ -146,17 +159,43 @@ def _show(m: Msg) -> str:
     return f"value={value!r} headers={m.headers!r} partition={m.partition}"
 
 
+def with_replays(msgs: Sequence[Msg], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """The sites' replay rule over a batch, per Kafka partition in offset order: a later copy
+    of a trade id whose content differs from the first copy's, or a later close marker of a
+    date with another last_seq, is a dead letter (an identical copy stays a trade)."""
+    out = list(verdicts)
+    trades: dict[tuple[int, str], tuple[int, int]] = {}
+    closes: dict[tuple[int, Any], tuple[int, int]] = {}
+    for offset, (m, (kind, values)) in enumerate(zip(msgs, verdicts, strict=True)):
+        if kind == "trade":
+            t = trade_values(decode(m.value, MAX_BYTES))
+            first = trades.setdefault((m.partition, t.trade_id), (fingerprint(t), offset))
+            if first[0] != fingerprint(t):
+                out[offset] = ("dead", conflict_reason(t.trade_id, m.partition, first[1]))
+        elif kind == "close":
+            day, part, last_seq = values
+            kept = closes.setdefault((part, day), (last_seq, offset))
+            if kept[0] != last_seq:
+                out[offset] = ("dead", marker_conflict_reason(
+                    day.isoformat(), part, last_seq, kept[0], kept[1]))
+    return out
+
+
 def assert_parity(session: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
-    """Both parsers agree on every message; returns the (Python) verdicts."""
+    """Both parsers agree on every message, the replay rule applied; returns the (Python)
+    verdicts of each message on its own (the contract's)."""
     sparks = spark_verdicts(session, msgs)
-    pythons = [python_verdict(m, offset) for offset, m in enumerate(msgs)]
+    contract = [python_verdict(m, offset) for offset, m in enumerate(msgs)]
+    pythons = with_replays(msgs, contract)
     diffs = []
     for offset, (m, p, s) in enumerate(zip(msgs, pythons, sparks, strict=True)):
         same = p[0] == s[0] and (p[0] == "dead" or p[1] == s[1])
+        if p[0] == "dead" and str(p[1]).startswith("conflicting"):
+            same = same and p[1] == s[1]  # the same words from a site and the end of day
         if not same:
             diffs.append(f"#{offset} {_show(m)}\n    python: {p!r}\n    spark:  {s!r}")
     assert not diffs, f"{len(diffs)} of {len(msgs)} messages disagree:\n" + "\n".join(diffs[:12])
-    return pythons
+    return contract
 
 
 # -- building messages -----------------------------------------------------------------------

@@ -158,3 +158,18 @@ def test_message_type_header() -> None:
     # A type header that is null or anything but trade/close: the caller dead-letters it.
     assert message_type([("type", None)]) == ""
     assert message_type([("type", b"heartbeat"), ("type", b"trade")]) == "heartbeat"
+
+
+def test_malformed_dates_never_fill_the_date_cache() -> None:
+    # 12,000 hostile 4 KB "dates" used to be cached before validation (~40 MB, and a full
+    # cache stopped the real days from being cached).
+    import consumers.parse as parse
+
+    parse._valid_dates.clear()
+    for i in range(12_000):
+        bad = dict(GOOD, trade_date=f"{i:05d}" + "x" * 4096)
+        with pytest.raises(Malformed, match="unknown trade_date"):
+            _line(bad)
+    assert len(parse._valid_dates) == 0
+    _line(GOOD)
+    assert GOOD["trade_date"] in parse._valid_dates

@@ -143,3 +143,20 @@ def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path) -> N
     node.format_storage("-AbCdEfGhIjKlMnOpQrStU")
     assert "cluster.id=-AbCdEfGhIjKlMnOpQrStU" in (node.root / "data" / "meta.properties"
                                                    ).read_text()
+
+
+def test_each_component_holds_only_its_own_password(services: Settings) -> None:
+    import stat
+
+    from settlement.config import EMBEDDED_USERS
+    from settlement.services.postgres import read_pgpass
+
+    every = read_pgpass(services.pg_passfile)
+    assert set(every) == set(EMBEDDED_USERS.values())
+    for component, user in EMBEDDED_USERS.items():
+        own = services.component_passfile(component)  # type: ignore[arg-type]
+        assert stat.S_IMODE(own.stat().st_mode) == 0o600
+        assert read_pgpass(own) == {user: every[user]}, component  # no one else's line
+        dsn = services.for_component(component).settlement_dsn  # type: ignore[arg-type]
+        with connect(dsn) as conn:
+            assert conn.execute("select current_user").fetchone() == (user,)

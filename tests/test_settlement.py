@@ -234,6 +234,21 @@ def test_an_older_run_never_publishes_over_a_newer_one(isolated: Isolated) -> No
     publish(s, newer, DATE, None)  # the same run again (a retried publication) is fine
 
 
+def test_a_failed_runs_error_is_stored_redacted(isolated: Isolated) -> None:
+    from settlement.eod.model import SourceChoice
+    from settlement.eod.pipeline import finish_run, start_run
+
+    s = isolated.settings.for_component("settlement")
+    run_id = start_run(s, DATE, SourceChoice("db", "test"))
+    finish_run(s, run_id, "failed", {}, error=(
+        'connection to "postgresql://settle_settlement:hunter2-SECRET@db:5432/x" failed; '
+        "password=hunter2-SECRET"))
+    with connect(s.settlement_dsn) as conn:
+        (error,) = conn.execute("select error from settlement_runs where run_id = %s",
+                                (run_id,)).fetchone()
+    assert "failed" in error and "hunter2" not in error, error
+
+
 def test_the_day_has_the_topics_partitions_not_the_setting(settled_day: Isolated) -> None:
     """The topic has 6 partitions, SETTLE_PARTITIONS says 4, and the ledger lost partitions 4
     and 5 (sites that never consumed them). Trusting the setting would call the ledger

@@ -144,3 +144,24 @@ def test_live_site_metrics_stats_retention_and_status(isolated: Isolated, tmp_pa
     parts = out["ledgers"]["a"]["partitions"].values()
     assert sum(o["lag"] for o in parts) >= nxt["trades"]
     assert all(o["lag_seconds"] is not None and o["lag_seconds"] >= 0 for o in parts)
+
+
+def test_an_unmigrated_or_unprivileged_database_is_reported_not_raised(
+        isolated: Isolated) -> None:
+    # `settle status` used to crash with UndefinedTable / InsufficientPrivilege.
+    admin = isolated.settings.for_component("admin")
+    with connect(admin.ledger_dsn("a")) as conn:
+        conn.execute("revoke select on site_heartbeats from settle_auditor")
+        conn.commit()
+    with connect(admin.settlement_dsn) as conn:
+        conn.execute("drop table settlement_runs cascade")
+        conn.commit()
+    res = status(isolated.env, "--json")
+    assert res.returncode == 1, res.stderr
+    out = last_json(res.stdout)
+    problems = " | ".join(out["problems"])
+    assert "Traceback" not in res.stderr
+    assert "settlement database not migrated" in problems, problems
+    assert "run `settle db migrate`" in problems
+    assert "ledger database(s) a: the login lacks a privilege" in problems, problems
+    assert out["ledgers"]["a"]["reachable"] is False

@@ -47,7 +47,9 @@ def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, 
                error: str | None = None) -> None:
     with connect(settings.settlement_dsn) as conn:
         conn.execute(q("eod", "finish_run"), {
-            "run_id": run_id, "status": status, "error": error,
+            # Exception text can carry a DSN with its password (a driver's connect error):
+            # the row is read by auditors and shown in alerts, so it is stored redacted.
+            "run_id": run_id, "status": status, "error": None if error is None else redact(error),
             "trades": summary.get("trades"),
             "duplicates_removed": summary.get("duplicates_removed"),
             "malformed": summary.get("malformed"), "positions": summary.get("positions"),

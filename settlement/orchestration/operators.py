@@ -2,31 +2,65 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 
 class SettlementSparkSubmitOperator(SparkSubmitOperator):
     """``spark-submit`` of the settlement job with the services' environment.
 
-    The environment holds database URLs with passwords, so it is built from the Airflow
-    connections when the task runs, after templates are rendered: never in an XCom or in
-    the rendered-template view that the UI shows and the metadata database keeps.
+    The environment is built from the Airflow connections when the task runs, after
+    templates are rendered: never in an XCom or in the rendered-template view that the UI
+    shows and the metadata database keeps. Its DSNs carry no password
+    (``settlement.orchestration.submit_secrets``): a driver on this host reads a pgpass file
+    written for the run, a remote one (k8s or YARN cluster mode) the one mounted into it.
     """
 
     def execute(self, context: Any) -> None:
-        from settlement.orchestration.tasks import settings_from_airflow, settle_env
+        from settlement.orchestration.tasks import settings_from_airflow
         from settlement.spark.session import cluster_conf, is_cluster
 
-        settings = settings_from_airflow()
-        self.env_vars = {**(self.env_vars or {}), **settle_env(settings)}
-        if is_cluster(settings.spark_master):
+        self._settings = settings_from_airflow()
+        if is_cluster(self._settings.spark_master):
             # On a cluster the executors are other processes on other hosts: they get the
             # settlement code as --py-files (fetched from the driver, like the --jars) and
             # executor sizes; what the DAG file set explicitly wins.
-            extra = cluster_conf(settings)
+            extra = cluster_conf(self._settings)
             py_files = extra.pop("spark.submit.pyFiles")
             self.py_files = ",".join(x for x in (self.py_files, py_files) if x)
             self.conf = {**extra, **(self.conf or {})}
-        super().execute(context)
+        self._run_dir = Path(tempfile.mkdtemp(prefix="settle-submit-"))  # 0700
+        try:
+            super().execute(context)
+        finally:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    def _get_hook(self) -> SparkSubmitHook:
+        hook = super()._get_hook()
+        if getattr(self, "_run_dir", None) is not None:  # set by execute()
+            secure_hook(hook, self._settings, self._run_dir)
+        return hook
+
+
+def secure_hook(hook: SparkSubmitHook, settings: Any, run_dir: Path) -> None:
+    """Give ``hook`` the job's environment without a password in any argument: through the
+    spark-submit process's own environment when the driver is that process, as --conf
+    (passwordless, pointing at the mounted pgpass file) only when the driver is remote."""
+    from settlement.orchestration.submit_secrets import REDACTION_REGEX, remote_driver, secure_env
+    from settlement.orchestration.tasks import settle_env
+
+    conn = hook._connection  # the provider's resolved spark connection: master, deploy mode
+    master, mode = conn["master"], conn.get("deploy_mode")
+    env = secure_env({**(hook._env_vars or {}), **settle_env(settings)}, master, mode,
+                     run_dir, settings.spark_pgpassfile)
+    hook._conf = {"spark.redaction.regex": REDACTION_REGEX, **(hook._conf or {})}
+    if remote_driver(master, mode):
+        hook._env_vars = env  # the provider makes them driverEnv / appMasterEnv --conf
+    else:
+        hook._env_vars = None  # nothing into arguments...
+        hook._env = env  # ...the provider hands this to the spark-submit process

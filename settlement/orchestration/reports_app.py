@@ -3,14 +3,16 @@
 
 - ``/settlement-reports/``: the index, one row per stored report (date, run, source,
   verdict), newest first, each linking to its report;
-- ``/settlement-reports/runs/<run_id>``: the report as written (the HTML file), or, where
-  this API server cannot see the reports directory (docker-compose mounts it into the
-  scheduler only), rendered from the JSON stored in ``audit_reports``;
+- ``/settlement-reports/runs/<run_id>``: the report rendered from the JSON facts stored in
+  ``audit_reports`` (never from a file a row names: a forged ``html_path`` must not make
+  the API server read ``/proc/self/environ`` for a viewer);
 - ``/settlement-reports/runs/<run_id>.json``: the JSON facts.
 
 Plugin apps are not behind Airflow's authentication by themselves: every route requires a
 logged-in Airflow user allowed to read ``eod_settlement``'s runs (the UI's session cookie
-or a bearer token, checked by Airflow's own auth manager).
+or a bearer token, checked by Airflow's own auth manager). FastAPI's own ``/docs``,
+``/redoc`` and ``/openapi.json`` would answer outside those dependencies, so they are off.
+Every answer carries a Content-Security-Policy without scripts.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from html import escape
-from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from settlement.db import connect, q
@@ -55,7 +56,19 @@ async def _authorized(request: Request) -> None:
         raise HTTPException(status_code=403, detail=f"not allowed to read {EOD_DAG_ID} runs")
 
 
-app = FastAPI(title="Settlement audit reports", dependencies=[Depends(_authorized)])
+app = FastAPI(title="Settlement audit reports", dependencies=[Depends(_authorized)],
+              docs_url=None, redoc_url=None, openapi_url=None)
+
+
+@app.middleware("http")
+async def _headers(request: Request, call_next: Any) -> Response:
+    from settlement.report.html import CSP
+
+    response: Response = await call_next(request)
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
 
 
 def settlement_dsn() -> str:
@@ -123,13 +136,31 @@ The source's reason is in its tooltip.</p>{empty}
 </body></html>"""
 
 
-def _report(dsn: str, run_id: int) -> tuple[str, str | None, Any]:
+def _facts(dsn: str, run_id: int) -> Any:
     with connect(dsn) as conn:
         row = conn.execute(q("reports_ui", "report_of_run"), {"run_id": run_id}).fetchone()
     if row is None:
         raise HTTPException(status_code=404, detail=f"no audit report for run {run_id}")
-    day, html_path, facts = row
-    return day.isoformat(), html_path, facts
+    facts = row[0]
+    return json.loads(facts) if isinstance(facts, str) else facts
+
+
+def render_report(facts: Any) -> str:
+    """The report page from stored facts; facts the renderer cannot read (a hand-edited or
+    forged row) are shown as escaped JSON rather than failing the page."""
+    from settlement.report.html import CSP, render_html
+
+    try:
+        if isinstance(facts, dict):
+            return render_html(facts)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        pass
+    return ('<!doctype html><html lang=en><head><meta charset=utf-8>'
+            f'<meta http-equiv="Content-Security-Policy" content="{escape(CSP)}">'
+            "<title>Audit report (raw facts)</title></head><body>"
+            "<p>This report's stored facts do not have the expected shape; they are shown "
+            "as stored.</p><pre>" + escape(json.dumps(facts, indent=2, default=str))
+            + "</pre></body></html>")
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -139,16 +170,9 @@ def index() -> HTMLResponse:
 
 @app.get("/runs/{run_id}.json")
 def report_json(run_id: int) -> JSONResponse:
-    _, _, facts = _report(settlement_dsn(), run_id)
-    return JSONResponse(facts if isinstance(facts, dict) else json.loads(facts))
+    return JSONResponse(_facts(settlement_dsn(), run_id))
 
 
 @app.get("/runs/{run_id}", response_class=HTMLResponse)
 def report_html(run_id: int) -> HTMLResponse:
-    from settlement.report.html import render_html
-
-    _, html_path, facts = _report(settlement_dsn(), run_id)
-    path = Path(html_path)
-    if path.is_file():
-        return HTMLResponse(path.read_text())
-    return HTMLResponse(render_html(facts if isinstance(facts, dict) else json.loads(facts)))
+    return HTMLResponse(render_report(_facts(settlement_dsn(), run_id)))

@@ -2,12 +2,15 @@
 
 Self-contained (inline CSS and SVG, no scripts or remote assets) so an auditor can open the
 file anywhere. Both files go to the reports directory; the JSON is also stored in the
-``audit_reports`` table next to the run it describes.
+``audit_reports`` table next to the run it describes. They hold every account's
+obligations, so they are written for their owner only (0600, folders 0700) whatever the
+umask.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,14 +33,23 @@ def write_report(settings: Settings, run_id: int, trade_date: str, choice: Sourc
                  publication: Publication) -> ReportFiles:
     facts = gather_facts(settings, run_id, trade_date, choice, result, outcome, publication)
     out = settings.reports_dir / trade_date
-    out.mkdir(parents=True, exist_ok=True)
+    for folder in (settings.reports_dir, out):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     html_path = out / f"audit-{trade_date}-run{run_id}.html"
     json_path = html_path.with_suffix(".json")
-    json_path.write_text(json.dumps(facts, indent=2, default=str))
-    html_path.write_text(render_html(facts))
+    _write_private(json_path, json.dumps(facts, indent=2, default=str))
+    _write_private(html_path, render_html(facts))
     with connect(settings.settlement_dsn) as conn:
         conn.execute(q("report", "store_report"), {
             "trade_date": trade_date, "run_id": run_id,
             "report_json": json.dumps(facts, default=str), "html_path": str(html_path)})
         conn.commit()
     return ReportFiles(html_path, json_path)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by its owner only, also when the file already exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -1,9 +1,20 @@
-"""HTML rendering of the audit report facts: one self-contained page, no scripts."""
+"""HTML rendering of the audit report facts: one self-contained page, no scripts.
+
+The facts may come from a database row that someone other than the settlement job wrote (the
+report pages render stored JSON), so every field is escaped where it is placed, numbers are
+formatted only when they are numbers, links keep only http(s) and relative targets, and the
+page carries a Content-Security-Policy that forbids scripts outright.
+"""
 
 from __future__ import annotations
 
 from html import escape
 from typing import Any
+from urllib.parse import urlsplit
+
+# Inline CSS and SVG only: no script, no remote asset, no form, no frame.
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;
@@ -27,6 +38,25 @@ def _e(v: Any) -> str:
     return escape("" if v is None else str(v))
 
 
+def _n(v: Any) -> str:
+    """An integer with thousands separators; anything else escaped as it is."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return _e(v)
+
+
+def safe_link(url: Any) -> str | None:
+    """``url`` when it is an http(s) or relative link, else None (javascript:, data:,
+    file: and the like are shown as text, never followed)."""
+    if not isinstance(url, str) or not url.strip():
+        return None
+    text = "".join(url.split())  # browsers ignore whitespace and controls inside a scheme
+    scheme = urlsplit(text).scheme.lower()
+    if scheme in ("http", "https") or (not scheme and not text.startswith("//")):
+        return url
+    return None
+
+
 def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
     numeric = numeric or set()
     head = "".join(f'<th class="{"n" if i in numeric else ""}">{_e(h)}</th>'
@@ -40,13 +70,17 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
 def _money(v: Any) -> str:
     try:
         return f"{float(v):,.2f}"  # display only; the JSON keeps the exact decimal string
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return _e(v)
 
 
 def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -> str:
     """Trades applied per site over the ingest span, one line per site (an inline SVG)."""
-    sites: dict[str, list[int]] = series.get("sites") or {}
+    raw = series.get("sites") if isinstance(series, dict) else None
+    sites: dict[str, list[int]] = {
+        str(k): [int(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        for k, v in (raw or {}).items() if isinstance(v, list)} if isinstance(raw, dict) else {}
+    sites = {k: v for k, v in sites.items() if v}
     if not sites:
         return '<p class="muted">No ingest batches recorded.</p>'
     n = max(len(v) for v in sites.values())
@@ -59,16 +93,17 @@ def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -
     def y(v: int) -> float:
         return 10 + h - h * v / top
 
-    per = series["seconds_per_bucket"]
+    per = series.get("seconds_per_bucket")
+    per = per if isinstance(per, (int, float)) and not isinstance(per, bool) else 0
     parts = [f'<svg role="img" aria-label="trades ingested per site over the day" '
              f'viewBox="0 0 {width} {height}" width="100%">',
              f'<line x1="{pad}" y1="{10 + h}" x2="{pad + w}" y2="{10 + h}" stroke="#8c959f"/>',
              f'<text x="4" y="18" font-size="11" fill="#57606a">{top:,}</text>',
              f'<text x="4" y="{10 + h}" font-size="11" fill="#57606a">0</text>',
              f'<text x="{pad}" y="{height - 8}" font-size="11" fill="#57606a">'
-             f'{_e(series["start"][11:19])} UTC</text>',
+             f'{_e(str(series.get("start", ""))[11:19])} UTC</text>',
              f'<text x="{pad + w - 70}" y="{height - 8}" font-size="11" fill="#57606a">'
-             f'{_e(series["end"][11:19])} UTC</text>',
+             f'{_e(str(series.get("end", ""))[11:19])} UTC</text>',
              f'<text x="{pad + w / 2 - 90}" y="{height - 8}" font-size="11" fill="#57606a">'
              f'trades applied per {per:g} s</text>']
     for k, (site, values) in enumerate(sorted(sites.items())):
@@ -89,23 +124,28 @@ def render_html(f: dict[str, Any]) -> str:
                f'<span class="verdict fail">VALIDATION FAILED: {len(v["failures"])} '
                "check(s)</span>")
     eff = f["netting_efficiency"]
-    eff_text = "n/a" if eff is None else f"{float(eff) * 100:.2f}%"
-    kpis = [("trades settled", f"{f['trades']:,}"), ("source", f["source"]),
+    try:
+        eff_text = "n/a" if eff is None else f"{float(eff) * 100:.2f}%"
+    except (TypeError, ValueError):
+        eff_text = _e(eff)
+    kpis = [("trades settled", _n(f["trades"])), ("source", f["source"]),
             ("netting efficiency", eff_text), ("gross notional", _money(f["gross_notional"])),
             ("net settlement", _money(f["net_settlement"])), ("accounts", f["accounts"]),
             ("duplicates removed", f["duplicates_removed_in_settlement"]),
             ("malformed in source", f["malformed_in_source"])]
     out = [
         "<!doctype html><html lang=en><head><meta charset=utf-8>",
+        f'<meta http-equiv="Content-Security-Policy" content="{escape(CSP)}">',
         f"<title>{_e(f['title'])}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(f['title'])}</h1>",
-        f'<p class="muted">run {f["run_id"]} &middot; generated {_e(f["generated_at"])}</p>',
+        f'<p class="muted">run {_e(f["run_id"])} &middot; generated {_e(f["generated_at"])}</p>',
         verdict,
         f'<p data-publication="{"published" if f["publication"]["published"] else "held"}">'
         f'<b>{"Published" if f["publication"]["published"] else "Not published"}</b>: '
         f'{_e(f["publication"]["note"])}</p>',
         '<div class="kpis">' + "".join(
-            f'<div class="kpi"><b data-kpi="{_e(k)}">{_e(val)}</b><span>{_e(k)}</span></div>'
+            f'<div class="kpi"><b data-kpi="{_e(k)}">{val if k == "trades settled" else _e(val)}'
+            f"</b><span>{_e(k)}</span></div>"
             for k, val in kpis) + "</div>",
         "<h2>Source</h2>",
         f"<p><b>{_e(f['source'])}</b>: {_e(f['source_reason'])}</p>",
@@ -116,8 +156,10 @@ def render_html(f: dict[str, Any]) -> str:
         "<h2>Validation</h2>",
     ]
     if v.get("data_docs"):
-        out.append(f'<p>Great Expectations Data Docs: <a href="{_e(v["data_docs"])}">'
-                   f'{_e(v["data_docs"])}</a></p>')
+        link = safe_link(v["data_docs"])
+        out.append(f'<p>Great Expectations Data Docs: <a href="{_e(link)}">'
+                   f'{_e(link)}</a></p>' if link else
+                   f"<p>Great Expectations Data Docs: <code>{_e(v['data_docs'])}</code></p>")
     if v["failures"]:
         out.append(_table(["suite", "check", "observed", "examples"],
                           [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],
@@ -129,9 +171,10 @@ def render_html(f: dict[str, Any]) -> str:
                           [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],
                             "; ".join(str(x) for x in c["examples"][:5])]
                            for c in v["warnings"]]))
-    out.append(f'<p class="muted">{v["checks"]} checks run, {len(v["passed"])} passed. '
-               "Not applicable: " + (", ".join(f"{k} ({r})" for k, r in v["skipped"].items())
-                                     or "none") + "</p>")
+    out.append(f'<p class="muted">{_e(v["checks"])} checks run, {len(v["passed"])} passed. '
+               "Not applicable: " + (_e(", ".join(f"{k} ({r})"
+                                                  for k, r in v["skipped"].items())) or "none")
+               + "</p>")
     if f.get("late_trades_in_range"):
         out.append("<h3>Late trades of earlier days in this day's Kafka range (not settled "
                    "here; the sites dead-letter them as late)</h3>")

@@ -8,7 +8,8 @@ run as root, so under root the cluster belongs to an unprivileged system user.
 Authentication as in production: TCP logins need a SCRAM password, and every component has
 its own login user (``settlement.dbusers``). The passwords are random, made on first start
 and kept in ``<state>/secrets/pgpass`` (0600, libpq's format, so clients find them without a
-password in any DSN, argument or environment variable). Only the admin may use the unix
+password in any DSN, argument or environment variable), each component's alone also in
+``<state>/secrets/pgpass-<component>``, the file its DSNs name. Only the admin may use the unix
 socket without a password, and the socket's directory is private to the server's OS user.
 """
 
@@ -116,6 +117,7 @@ class EmbeddedPostgres:
     def start(self) -> str:
         """Start (or find running) the server; returns 'started' or 'already running'."""
         if self.running():
+            self.passwords()  # a state from before the per-component files gets them now
             return "already running"
         ensure_port_free(self.port, "SETTLE_PG_PORT")
         owner = self._os_user()
@@ -174,12 +176,17 @@ class EmbeddedPostgres:
         """Every embedded user's password, made (random) on first use."""
         path = self.settings.pg_passfile
         have = read_pgpass(path)
-        if all(user in have for user in EMBEDDED_USERS.values()):
-            return have
         made = {user: have.get(user) or secrets.token_urlsafe(24)
                 for user in EMBEDDED_USERS.values()}
         # token_urlsafe never contains pgpass's ':' or backslash; any host, port and database.
-        write_private(path, "".join(f"127.0.0.1:*:*:{u}:{p}\n" for u, p in made.items()))
+        if made != have:
+            write_private(path, "".join(f"127.0.0.1:*:*:{u}:{p}\n" for u, p in made.items()))
+        # Each component's own file, its line only.
+        for component, user in EMBEDDED_USERS.items():
+            line = f"127.0.0.1:*:*:{user}:{made[user]}\n"
+            own = self.settings.component_passfile(component)  # type: ignore[arg-type]
+            if not own.exists() or own.read_text() != line:
+                write_private(own, line)
         return made
 
     def provision(self) -> None:

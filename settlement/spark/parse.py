@@ -18,6 +18,11 @@ key (the symbol) and so its Kafka partition, and a Spark task reads one Kafka pa
 offset order, so the first copy in the task is the earliest in the log and dedupe needs no
 shuffle. A trade id in two partitions breaks the premise: validation's ``read_copies`` check
 names it (the partition is part of a trade's identity) and the day is not published.
+
+A later copy whose content differs from the first (``consumers.parse.fingerprint``) is not a
+duplicate but a conflicting replay, and a second close marker of a day with another
+``last_seq`` a conflicting marker: both are malformed with the reason the sites give them
+when they dead-letter them, so the two sources reach the same verdict on such a day.
 """
 
 from __future__ import annotations
@@ -151,11 +156,26 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     """The Python worker's side: (kafka_partition, kafka_offset, value, _kind) batches of one
     task in, ``CLASSIFIED_SCHEMA`` batches out. Runs on executors, so it imports the parser
     here (the ``--py-files`` zip carries ``consumers``)."""
-    from consumers.parse import Malformed, close_marker, decode, trade_values
+    from consumers.parse import (
+        Malformed,
+        close_marker,
+        conflict_reason,
+        decode,
+        fingerprint,
+        marker_conflict_reason,
+        trade_values,
+    )
 
-    seen: dict[str, set[str]] = {}  # trade date -> trade ids already marked valid
+    # Per Kafka partition (a task reads one, but a test's frame may hold several): trade id
+    # -> the kept copy packed in one int (offset << 64 | 64-bit fingerprint), since a task
+    # holds a partition's day, millions of ids; and trade date -> the kept close marker's
+    # (last_seq, offset).
+    seen_in: dict[int, dict[str, int]] = {}
+    closes_in: dict[int, dict[str, tuple[int, int]]] = {}
+    mask = (1 << 64) - 1
     for batch in batches:
         partitions = batch.column(0).to_pylist()
+        offsets = batch.column(1).to_pylist()
         values = batch.column(2).to_pylist()
         kind_bytes = batch.column(3).to_pylist()
         n = len(values)
@@ -175,16 +195,25 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                 obj = decode(values[i], max_bytes)
                 if kind == TRADE:
                     t = trade_values(obj)
-                    trades[i] = t
-                    ids = seen.get(t.trade_date)
-                    if ids is None:
-                        ids = seen[t.trade_date] = set()
-                    if t.trade_id in ids:
+                    fp = fingerprint(t) & mask
+                    seen = seen_in.get(partitions[i])
+                    if seen is None:
+                        seen = seen_in[partitions[i]] = {}
+                    kept = seen.get(t.trade_id)
+                    if kept is None:
+                        seen[t.trade_id] = offsets[i] << 64 | fp
+                    elif kept & mask == fp:
                         dups[i] = True
                     else:
-                        ids.add(t.trade_id)
+                        raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
+                    trades[i] = t
                 elif kind == CLOSE:
                     cm = close_marker(obj, partitions[i])
+                    held = closes_in.setdefault(partitions[i], {}).setdefault(
+                        cm.trade_date, (cm.last_seq, offsets[i]))
+                    if held[0] != cm.last_seq:
+                        raise Malformed(marker_conflict_reason(
+                            cm.trade_date, cm.partition, cm.last_seq, held[0], held[1]))
                     close_dates[i], last_seqs[i] = cm.trade_date, cm.last_seq
                 else:
                     raise Malformed(f"unknown message type {kind!r}")

@@ -83,9 +83,28 @@ values (%(topic)s, %(partition)s, %(offset)s, %(raw)s, %(reason)s, %(site)s, %(t
 on conflict do nothing
 
 -- name: insert_close_marker
+-- A row back when the marker is new; none when the day's partition already has one.
 insert into close_markers (trade_date, kafka_partition, last_seq, kafka_offset, site)
 values (%(trade_date)s, %(partition)s, %(last_seq)s, %(offset)s, %(site)s)
 on conflict do nothing
+returning 1
+
+-- name: stored_close_marker
+select last_seq, kafka_offset from close_markers
+where trade_date = %(trade_date)s and kafka_partition = %(partition)s
+
+-- name: conflicting_staged
+-- Staged copies that were not inserted (the trade id was kept from another offset) and whose
+-- content differs from the kept copy's: conflicting replays, not duplicates. Typed equality,
+-- so 10.5 = 10.50 and equal instants in other zones are the same trade, as in
+-- consumers.parse.fingerprint. Runs only when a batch had replays.
+select s.kafka_partition, s.kafka_offset, s.trade_id, t.kafka_partition, t.kafka_offset
+from trades_stage s
+join trades t on t.trade_id = s.trade_id
+where (s.kafka_partition, s.kafka_offset) <> (t.kafka_partition, t.kafka_offset)
+  and (s.trade_date, s.seq, s.symbol, s.price, s.quantity, s.buyer, s.seller, s.executed_at)
+      is distinct from
+      (t.trade_date, t.seq, t.symbol, t.price, t.quantity, t.buyer, t.seller, t.executed_at)
 
 -- name: insert_batch
 insert into ingest_batches (site, messages, inserted, duplicates, dead_letters, close_markers,
@@ -105,8 +124,15 @@ delete from site_heartbeats where beat_at < now() - make_interval(days => %(days
 -- name: closed_partitions
 select count(*) from close_markers where trade_date = %(trade_date)s
 
--- name: newest_day
-select greatest((select max(trade_date) from trades), (select max(trade_date) from close_markers))
+-- name: current_day
+-- The day the sites are working on, for `site run --until-close` without --date and for
+-- `settle status`: the newest trade date with trades or close markers up to a week after
+-- today. A trade dated far ahead (the contract accepts up to 2099) must not pin it; only
+-- when every date is that far ahead (a simulated future day) is the newest one taken.
+select coalesce(
+  greatest((select max(trade_date) from trades where trade_date <= current_date + 7),
+           (select max(trade_date) from close_markers where trade_date <= current_date + 7)),
+  greatest((select max(trade_date) from trades), (select max(trade_date) from close_markers)))
 
 -- name: lock_offset
 -- One partition's stored position, locked (repositioning after a retention gap).

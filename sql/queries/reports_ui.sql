@@ -11,4 +11,5 @@ order by a.trade_date desc, a.run_id desc
 limit %(limit)s
 
 -- name: report_of_run
-select trade_date, html_path, report_json from audit_reports where run_id = %(run_id)s
+-- Only the stored facts: the page never reads a file a row names.
+select report_json from audit_reports where run_id = %(run_id)s

@@ -1,0 +1,88 @@
+"""Database passwords never travel on spark-submit's command line.
+
+The Spark provider turns ``env_vars`` into ``--conf spark.kubernetes.driverEnv.K=V`` (k8s)
+or ``spark.yarn.appMasterEnv.K=V`` (YARN): arguments that ``ps``, the task log and Spark's
+Environment tab all show. So the job's DSNs carry no password, only ``passfile=``:
+
+- a driver on this host (local, standalone, and k8s or YARN in client mode) reads a pgpass
+  file written here for the run (0600 in a 0700 folder, removed afterwards); its
+  environment goes to the spark-submit process itself, never into arguments (in k8s client
+  mode the provider would otherwise put it into driverEnv, which a local driver never
+  sees, and the job would silently fall back to inherited settings);
+- a driver elsewhere (k8s or YARN in cluster mode) reads the pgpass file mounted into it,
+  whose path is ``SETTLE_SPARK_PGPASSFILE``; without it the task refuses to submit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from settlement.config import ConfigError
+
+DSN_VARS_SUFFIX = "_DSN"
+# Spark's default redaction pattern, plus DSNs and pgpass paths (nothing secret is left in
+# them, but a hand-set variable might carry one).
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|dsn|passfile"
+
+
+def remote_driver(master: str, deploy_mode: str | None) -> bool:
+    """True when the driver runs on another machine than spark-submit."""
+    return deploy_mode == "cluster" and (master.startswith("k8s://") or "yarn" in master)
+
+
+def _escape(field: str) -> str:
+    return field.replace("\\", "\\\\").replace(":", "\\:")
+
+
+def split_password(dsn: str, passfile: str, force: bool = False) -> tuple[str, str | None]:
+    """``dsn`` without its password and naming ``passfile``, and its pgpass line. A DSN
+    without a password (say, the embedded one, which names its own pgpass file) is kept as
+    it is unless ``force``: then it names ``passfile`` too."""
+    info = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    password = info.pop("password", None)
+    if password is None and not force:
+        return dsn, None
+    info["passfile"] = passfile
+    line = None
+    if password is not None:
+        line = ":".join(_escape(x) for x in (
+            info.get("host", "*"), info.get("port", "5432"), info.get("dbname", "*"),
+            info.get("user", "*"), password))
+    return make_conninfo(**info), line
+
+
+def secure_env(env: Mapping[str, str], master: str, deploy_mode: str | None,
+               run_dir: Path | None, mounted_passfile: str | None) -> dict[str, str]:
+    """``env`` with every ``*_DSN`` value stripped of its password. A local driver's
+    passwords go to ``run_dir/pgpass`` (0600); a remote driver names ``mounted_passfile``."""
+    if remote_driver(master, deploy_mode):
+        if not mounted_passfile:
+            raise ConfigError(
+                f"SETTLE_SPARK_PGPASSFILE is not set: with master {master} in cluster mode the "
+                "Spark driver runs elsewhere and spark-submit would pass its environment as "
+                "--conf arguments, so passwords are never sent that way. Mount a pgpass file "
+                "with the settlement and ledger logins into the driver (a Kubernetes secret: "
+                "spark.kubernetes.driver.secrets.<name>=<dir>) and set "
+                "SETTLE_SPARK_PGPASSFILE to its path there")
+        passfile = mounted_passfile
+    else:
+        if run_dir is None:
+            raise ValueError("a local driver needs a folder for its pgpass file")
+        passfile = str(run_dir / "pgpass")
+    out, lines = dict(env), []
+    for key, value in env.items():
+        if key.endswith(DSN_VARS_SUFFIX) and value:
+            out[key], line = split_password(value, passfile,
+                                            force=remote_driver(master, deploy_mode))
+            if line is not None and line not in lines:
+                lines.append(line)
+    if lines and not remote_driver(master, deploy_mode):
+        assert run_dir is not None
+        fd = os.open(run_dir / "pgpass", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return out
