@@ -57,11 +57,22 @@ OWN_SERVERS = {"test_kafka_auth.py", "test_spark_cluster.py", "test_airflow_ui.p
                "test_airflow_roles.py", "test_wheel.py"}
 
 
+# The files that take minutes, slowest first (`--durations` of `make test`): run first, so
+# the parallel phase does not end with one worker on a long file while the other idles.
+SLOW_FIRST = ("test_spark_cluster.py", "test_dags.py", "test_report.py", "test_settlement.py",
+              "test_airflow_ui.py", "test_hostile.py", "test_airflow_roles.py",
+              "test_conflicting_replays.py", "test_wheel.py", "test_validation.py",
+              "test_kafka_day.py", "test_parity.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))
                 or item.path.name in OWN_SERVERS):
             item.add_marker(pytest.mark.services)
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    # A stable sort: the order inside a file stays as written.
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
 
 
 @pytest.fixture(scope="session")

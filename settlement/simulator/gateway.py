@@ -301,10 +301,14 @@ def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partiti
 
 
 def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
-             transactional_id: str = TRANSACTIONAL_ID) -> dict[str, Any]:
+             transactional_id: str | None = None) -> dict[str, Any]:
     from confluent_kafka import KafkaError, Producer
 
     t0 = time.monotonic()
+    # One transactional id per topic: a restarted gateway of a topic fences its predecessor
+    # (seed 002), while gateways of different topics on one cluster (the suite's parallel
+    # namespaces, a second market) never fence each other. The ACLs allow the prefix.
+    transactional_id = transactional_id or f"{TRANSACTIONAL_ID}-{settings.topic}"
     n_parts = topic_partitions(settings)
     gen = DayGenerator(spec, n_parts)
     rng = random.Random(f"faults:{spec.seed}:{spec.trade_date}")
