@@ -158,8 +158,10 @@ def test_without_a_headers_column_every_message_is_a_trade(spark: SparkSession) 
 
 
 def test_later_copies_of_a_trade_in_a_partition_are_marked(spark: SparkSession) -> None:  # noqa: F811
-    """A task reads one Kafka partition in offset order: the first copy of each (date, id)
-    is kept, later ones are marked; a dead letter is never a copy."""
+    """A task reads one Kafka partition in offset order: the first copy of each id is kept,
+    later identical ones are marked; a later copy with other content (here another date) is
+    a conflicting replay, a dead letter naming the kept offset, as the sites make it; a dead
+    letter is never a copy."""
     rows = [
         message(GOOD, 0),
         message(GOOD, 1),
@@ -173,4 +175,7 @@ def test_later_copies_of_a_trade_in_a_partition_are_marked(spark: SparkSession) 
     dups = {r["kafka_offset"]: r["_dup"] for r in classified.collect()}
     assert dups == {0: False, 1: True, 2: False, 3: False, 4: False, 5: True}
     kept = first_copies(classified).collect()
-    assert sorted(r["kafka_offset"] for r in kept) == [0, 2, 3]
+    assert sorted(r["kafka_offset"] for r in kept) == [0, 3]
+    reasons = {r["kafka_offset"]: r["reason"] for r in classified.collect() if r["reason"]}
+    assert reasons[2] == ("conflicting replay of trade 'T-1': its fields differ from the copy "
+                          "kept at partition 0 offset 0"), reasons
