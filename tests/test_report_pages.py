@@ -129,7 +129,7 @@ def test_unreadable_facts_are_shown_as_escaped_json(facts: Any) -> None:
 
 
 def test_report_files_are_private(tmp_path: Path) -> None:
-    from settlement.report import _write_private
+    from settlement.report import write_private as _write_private
 
     old = os.umask(0)
     try:

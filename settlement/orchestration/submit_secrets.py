@@ -15,13 +15,13 @@ Environment tab all show. So the job's DSNs carry no password, only ``passfile=`
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from settlement.config import ConfigError
+from settlement.services.procs import write_private
 
 DSN_VARS_SUFFIX = "_DSN"
 # Spark's default redaction pattern, plus DSNs and pgpass paths (nothing secret is left in
@@ -59,7 +59,8 @@ def secure_env(env: Mapping[str, str], master: str, deploy_mode: str | None,
                run_dir: Path | None, mounted_passfile: str | None) -> dict[str, str]:
     """``env`` with every ``*_DSN`` value stripped of its password. A local driver's
     passwords go to ``run_dir/pgpass`` (0600); a remote driver names ``mounted_passfile``."""
-    if remote_driver(master, deploy_mode):
+    remote = remote_driver(master, deploy_mode)
+    if remote:
         if not mounted_passfile:
             raise ConfigError(
                 f"SETTLE_SPARK_PGPASSFILE is not set: with master {master} in cluster mode the "
@@ -76,13 +77,9 @@ def secure_env(env: Mapping[str, str], master: str, deploy_mode: str | None,
     out, lines = dict(env), []
     for key, value in env.items():
         if key.endswith(DSN_VARS_SUFFIX) and value:
-            out[key], line = split_password(value, passfile,
-                                            force=remote_driver(master, deploy_mode))
+            out[key], line = split_password(value, passfile, force=remote)
             if line is not None and line not in lines:
                 lines.append(line)
-    if lines and not remote_driver(master, deploy_mode):
-        assert run_dir is not None
-        fd = os.open(run_dir / "pgpass", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    if lines and not remote:
+        write_private(Path(passfile), "\n".join(lines) + "\n")
     return out

@@ -10,7 +10,6 @@ umask.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from settlement.db import connect, q
 from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.report.facts import gather_facts
 from settlement.report.html import render_html
+from settlement.services.procs import write_private
 from settlement.validation.run import ValidationOutcome
 
 
@@ -33,23 +33,14 @@ def write_report(settings: Settings, run_id: int, trade_date: str, choice: Sourc
                  publication: Publication) -> ReportFiles:
     facts = gather_facts(settings, run_id, trade_date, choice, result, outcome, publication)
     out = settings.reports_dir / trade_date
-    for folder in (settings.reports_dir, out):
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    settings.reports_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     html_path = out / f"audit-{trade_date}-run{run_id}.html"
     json_path = html_path.with_suffix(".json")
-    _write_private(json_path, json.dumps(facts, indent=2, default=str))
-    _write_private(html_path, render_html(facts))
+    write_private(json_path, json.dumps(facts, indent=2, default=str))  # makes `out` 0700
+    write_private(html_path, render_html(facts))
     with connect(settings.settlement_dsn) as conn:
         conn.execute(q("report", "store_report"), {
             "trade_date": trade_date, "run_id": run_id,
             "report_json": json.dumps(facts, default=str), "html_path": str(html_path)})
         conn.commit()
     return ReportFiles(html_path, json_path)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` readable by its owner only, also when the file already exists."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)

@@ -39,10 +39,10 @@ def _e(v: Any) -> str:
 
 
 def _n(v: Any) -> str:
-    """An integer with thousands separators; anything else escaped as it is."""
+    """An integer with thousands separators; anything else as text (escaped where placed)."""
     if isinstance(v, int) and not isinstance(v, bool):
         return f"{v:,}"
-    return _e(v)
+    return "" if v is None else str(v)
 
 
 def safe_link(url: Any) -> str | None:
@@ -71,16 +71,22 @@ def _money(v: Any) -> str:
     try:
         return f"{float(v):,.2f}"  # display only; the JSON keeps the exact decimal string
     except (TypeError, ValueError, OverflowError):
-        return _e(v)
+        return "" if v is None else str(v)  # as text: escaped where placed
+
+
+def _site_series(raw: Any) -> dict[str, list[int]]:
+    """site -> its counts, keeping only numbers (the facts may come from a forged row)."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {str(site): [int(x) for x in values
+                       if isinstance(x, int | float) and not isinstance(x, bool)]
+           for site, values in raw.items() if isinstance(values, list)}
+    return {site: values for site, values in out.items() if values}
 
 
 def ingest_chart(series: dict[str, Any], width: int = 1000, height: int = 220) -> str:
     """Trades applied per site over the ingest span, one line per site (an inline SVG)."""
-    raw = series.get("sites") if isinstance(series, dict) else None
-    sites: dict[str, list[int]] = {
-        str(k): [int(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        for k, v in (raw or {}).items() if isinstance(v, list)} if isinstance(raw, dict) else {}
-    sites = {k: v for k, v in sites.items() if v}
+    sites = _site_series(series.get("sites") if isinstance(series, dict) else None)
     if not sites:
         return '<p class="muted">No ingest batches recorded.</p>'
     n = max(len(v) for v in sites.values())
@@ -127,7 +133,7 @@ def render_html(f: dict[str, Any]) -> str:
     try:
         eff_text = "n/a" if eff is None else f"{float(eff) * 100:.2f}%"
     except (TypeError, ValueError):
-        eff_text = _e(eff)
+        eff_text = str(eff)
     kpis = [("trades settled", _n(f["trades"])), ("source", f["source"]),
             ("netting efficiency", eff_text), ("gross notional", _money(f["gross_notional"])),
             ("net settlement", _money(f["net_settlement"])), ("accounts", f["accounts"]),
@@ -144,8 +150,7 @@ def render_html(f: dict[str, Any]) -> str:
         f'<b>{"Published" if f["publication"]["published"] else "Not published"}</b>: '
         f'{_e(f["publication"]["note"])}</p>',
         '<div class="kpis">' + "".join(
-            f'<div class="kpi"><b data-kpi="{_e(k)}">{val if k == "trades settled" else _e(val)}'
-            f"</b><span>{_e(k)}</span></div>"
+            f'<div class="kpi"><b data-kpi="{_e(k)}">{_e(val)}</b><span>{_e(k)}</span></div>'
             for k, val in kpis) + "</div>",
         "<h2>Source</h2>",
         f"<p><b>{_e(f['source'])}</b>: {_e(f['source_reason'])}</p>",
