@@ -24,8 +24,14 @@ Alerts (e-mail to `SETTLE_ALERT_EMAIL` via `smtp_default`, and/or `SETTLE_ALERT_
 runbook in docs/operations.md): a task failed, the day was settled from the database, the
 day is not settled `SETTLE_EOD_CUTOFF_MINUTES` (default 180) after the run was queued.
 
-Params: `trade_date` (YYYY-MM-DD, default: the scheduled day), `source` (auto|kafka|db) and
-`accept_incomplete` (a reason to publish a day that fails validation; recorded).
+One close per date across both sites: both sites' schedulers may run this DAG; the settle
+task takes the date's close lease in the settlement database, or waits for the close holding
+it and reports that run (`joined_run_id`). A date a passing run already published since its
+close markers is not settled again ("already settled by run N") unless `rerun` is set.
+
+Params: `trade_date` (YYYY-MM-DD, default: the scheduled day), `source` (auto|kafka|db),
+`accept_incomplete` (a reason to publish a day that fails validation; recorded) and `rerun`
+(settle a settled date again).
 Connections: `kafka_default`, `settlement_db`, `ledger_a`, `ledger_b`, `ledger_shared`,
 `spark_default`, `smtp_default`. Logic lives in `settlement.orchestration`; reruns of a date
 are idempotent.
@@ -66,6 +72,9 @@ SETTINGS = load_settings()  # no network: the calendar is loaded when the schedu
         "accept_incomplete": Param(None, type=["null", "string"],
                                    description="publish even if validation fails; the reason "
                                                "is recorded in the run and the audit report"),
+        "rerun": Param(False, type="boolean",
+                       description="settle again even if a run that passed validation has "
+                                   "already published the date since its close markers"),
     },
 )
 def eod_settlement() -> None:
@@ -102,16 +111,18 @@ def eod_settlement() -> None:
                 "--date", "{{ ti.xcom_pull(task_ids='wait_for_close') }}",
                 "--source", source, "--reason",
                 "{{ ti.xcom_pull(task_ids='choose_source', key='source_reason') }}",
-                "--accept-incomplete", "{{ params.accept_incomplete or '' }}"],
+                "--accept-incomplete", "{{ params.accept_incomplete or '' }}",
+                "--only-if-unsettled", "{{ 'no' if params.rerun else 'yes' }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
             pool=orch.SPARK_POOL,
         )
 
     @task(trigger_rule="none_failed_min_one_success", outlets=[orch.settled_day_asset()])
-    def publish_report(day: str, outlet_events=None) -> str:
+    def publish_report(day: str, params: dict, outlet_events=None) -> str:
         settings = orch.settings_from_airflow()
-        return orch.publish_report(settings, orch.run_outcome(settings, day), outlet_events)
+        return orch.publish_report(settings, orch.run_outcome(settings, day, params["rerun"]),
+                                   outlet_events)
 
     job = prepare()
     day = wait_for_close(job)

@@ -189,7 +189,21 @@ def _print_status(out: dict[str, Any]) -> None:
         runs.add_row(r["trade_date"], str(r["run_id"]), r["source"], r["status"], verdict,
                      "yes" if r["published"] else "no", str(r["finished_at"] or ""),
                      str(r["report_path"] or ""))
-    for t in (sites, parts, days, runs):
+    closes = Table(title="closes in progress (one per date, across sites)",
+                   title_justify="left")
+    for col in ("date", "run", "holder", "since", "lease"):
+        closes.add_column(col)
+    for c in out["settlement"].get("closes_in_progress", []):
+        closes.add_row(c["trade_date"], str(c["run_id"] or "-"), c["holder"], c["since"],
+                       "[red]expired[/]" if c["lease_expired"] else "[green]held[/]")
+    abandoned = Table(title="abandoned runs (their close stopped; another took over)",
+                      title_justify="left")
+    for col in ("run", "date", "holder", "at", "reason"):
+        abandoned.add_column(col)
+    for a in out["settlement"].get("abandoned", []):
+        abandoned.add_row(str(a["run_id"]), a["trade_date"], str(a["holder"] or "-"), a["at"],
+                          str(a["reason"] or ""))
+    for t in (sites, parts, days, runs, closes, abandoned):
         console.print(t)
     if out["healthy"]:
         console.print("[bold green]HEALTHY[/]")
@@ -282,7 +296,11 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
     require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
     out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete,
-                  progress=_progress(args))
+                  progress=_progress(args), only_if_unsettled=args.only_if_unsettled)
+    if "joined_run_id" in out:
+        if out["status"] != "succeeded":
+            raise CommandFailed(f"the close this one joined failed: {out['publication']}", out)
+        return out
     if not out.get("published"):
         raise CommandFailed(f"{out.get('publication')} (report: {out.get('report_path')}); "
                             "to publish anyway: --accept-incomplete \"reason\"", out)
@@ -538,6 +556,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="publish the day even if validation fails; the reason is recorded "
                          "in the run and the audit report (default: publish only a "
                          "validated day)")
+    sp.add_argument("--only-if-unsettled", action="store_true",
+                    help="settle only if no run that passed validation has published the "
+                         "date since its close markers (what a scheduled close does; "
+                         "default: settle again). A close of the date in progress is "
+                         "joined either way")
 
     sp = add("validate", "Great Expectations checks of one trade date (no settlement)")
     sp.add_argument("--date", type=_date, required=True, help="trade date YYYY-MM-DD")

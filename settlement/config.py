@@ -185,6 +185,13 @@ class Settings(BaseSettings):
     spark_pgpassfile: str | None = Field(None, description="pgpass file path inside a remote "
                                          "Spark driver")
 
+    # One close per trade date (settlement/eod/lease.py): a close holding the date renews its
+    # lease every third of close_lease_seconds; one that stops renewing that long (paused, its
+    # host lost) is taken over. A second close waits up to close_wait_seconds for the first
+    # and then reports its outcome.
+    close_lease_seconds: float = Field(30.0, ge=3, le=3600)
+    close_wait_seconds: float = Field(3600.0, ge=0, le=24 * 3600)
+
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
                                    "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")

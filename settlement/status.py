@@ -95,6 +95,12 @@ def judge(ledgers: dict[str, Any], runs: dict[str, Any], limits: Thresholds,
     if kafka_ok and not live:
         problems.append("no site is running (no heartbeat in the last "
                         f"{limits.max_heartbeat_age:.0f}s): start `settle site run`")
+    for close in runs.get("closes_in_progress", []):
+        if close["lease_expired"]:
+            problems.append(f"the close of {close['trade_date']} (run {close['run_id']}, "
+                            f"{close['holder']}, since {close['since']}) stopped renewing its "
+                            "lease: it is paused or cut off; the next close of the date takes "
+                            "it over (docs/operations.md, \"A close is stuck\")")
     latest = (runs.get("runs") or [None])[0]
     if latest is not None and latest["status"] != "succeeded":
         problems.append(f"the last settlement of {latest['trade_date']} (run "
@@ -249,6 +255,15 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
     try:
         with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
             rows = conn.execute(q("status", "last_runs"), {"days": days}).fetchall()
+            closes = [{"trade_date": d.isoformat(), "run_id": run, "holder": holder,
+                       "since": since.isoformat(timespec="seconds"), "lease_expired": expired,
+                       "token": token}
+                      for d, run, holder, since, expired, token
+                      in conn.execute(q("lease", "closes_in_progress"))]
+            abandoned = [{"run_id": run, "trade_date": d.isoformat(), "holder": holder,
+                          "at": at.isoformat(timespec="seconds"), "reason": why}
+                         for run, d, holder, at, why
+                         in conn.execute(q("lease", "abandoned_runs"), {"days": days})]
     except psycopg.Error as e:
         return {"error": redact(str(e).strip())[:300], "runs": []}
     cols = ("trade_date", "run_id", "source", "status", "validation_success", "published",
@@ -259,4 +274,4 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
         d["trade_date"] = d["trade_date"].isoformat()
         d["finished_at"] = d["finished_at"] and d["finished_at"].isoformat(timespec="seconds")
         runs.append(d)
-    return {"runs": runs}
+    return {"runs": runs, "closes_in_progress": closes, "abandoned": abandoned}

@@ -145,7 +145,8 @@ def test_drill_shape(dags: dict) -> None:
     assert dag.get_task("run_drill").retries == 0
 
 
-def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto"):
+def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto",
+             rerun: bool = False):
     """``iso``: an Isolated namespace or plain Settings (the connections point at these)."""
     from settlement.orchestration.tasks import airflow_connections
 
@@ -154,7 +155,7 @@ def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto
     from settlement.orchestration.dagtest import without_deadlines
 
     dag = without_deadlines(_dagbag(ROOT / "dags" / "eod_settlement.py").dags["eod_settlement"])
-    return dag.test(run_conf={"trade_date": day, "source": source})
+    return dag.test(run_conf={"trade_date": day, "source": source, "rerun": rerun})
 
 
 def _airflow_texts() -> list[str]:
@@ -202,7 +203,8 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
     with connect(isolated.settings.ledger_dsn("shared")) as conn:
         conn.execute("delete from trades where trade_id = (select min(trade_id) from trades)")
         conn.commit()
-    rerun = _run_eod(isolated, day, monkeypatch)
+    # rerun=true: the date is settled already, and a DAG run settles it again only when asked.
+    rerun = _run_eod(isolated, day, monkeypatch, rerun=True)
     assert str(rerun.state) == "failed", rerun.state
     assert published_positions(isolated.settings.settlement_dsn, day) == before
     with connect(isolated.settings.settlement_dsn) as conn:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from settlement.config import Settings
 from settlement.db import connect, q
+from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, run_outcome, settled_by
 from settlement.eod.model import (
     RESULT_TABLES,
     Position,
@@ -32,11 +33,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def start_run(settings: Settings, trade_date: str, choice: SourceChoice) -> int:
+def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
+              lease: Lease | None = None) -> int:
     with connect(settings.settlement_dsn) as conn:
         row = conn.execute(q("eod", "start_run"), {
             "trade_date": trade_date, "source": choice.source, "source_reason": choice.reason,
             "offsets": json.dumps(choice.as_dict()),
+            "holder": None if lease is None else lease.holder,
+            "token": None if lease is None else lease.token,
         }).fetchone()
         conn.commit()
     assert row is not None
@@ -45,8 +49,10 @@ def start_run(settings: Settings, trade_date: str, choice: SourceChoice) -> int:
 
 def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, Any],
                error: str | None = None) -> None:
+    """Record the run's outcome. Raises ``LeaseLost`` when the run is no longer running: a
+    close that took the date over recorded it ``abandoned``, and that record stands."""
     with connect(settings.settlement_dsn) as conn:
-        conn.execute(q("eod", "finish_run"), {
+        cur = conn.execute(q("eod", "finish_run"), {
             # Exception text can carry a DSN with its password (a driver's connect error):
             # the row is read by auditors and shown in alerts, so it is stored redacted.
             "run_id": run_id, "status": status, "error": None if error is None else redact(error),
@@ -59,6 +65,9 @@ def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, 
             "timings": json.dumps(summary.get("timings", {})),
         })
         conn.commit()
+    if cur.rowcount != 1:
+        raise LeaseLost(f"run {run_id} was taken over and recorded abandoned before it "
+                        f"finished; its outcome ({status}) is not recorded")
 
 
 def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> None:
@@ -77,12 +86,15 @@ def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> 
 
 
 def publish(settings: Settings, run_id: int, trade_date: str,
-            accepted_incomplete: str | None) -> None:
+            accepted_incomplete: str | None, lease: Lease | None = None) -> None:
     """Replace the date's published rows with the run's, and say which run they came from,
-    in one transaction: readers see the old day or the new one, never a mix."""
+    in one transaction: readers see the old day or the new one, never a mix. With the
+    close's ``lease``, only while it still holds the date (the fencing token)."""
     params = {"run_id": run_id, "trade_date": trade_date,
               "accepted_incomplete": accepted_incomplete}
     with connect(settings.settlement_dsn) as conn, conn.transaction():
+        if lease is not None:
+            lease.check_fence(conn)
         # Publications of a date are serialised, and a run never replaces one that started
         # after it: an older run finishing late would otherwise overwrite a newer day whose
         # asset was already emitted.
@@ -128,30 +140,73 @@ def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
 def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             validate: bool = True, reason: str | None = None,
             accept_incomplete: str | None = None,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Settle one date: stage the results, validate them, publish only if validation passed
-    (or ``accept_incomplete`` gives the operator's reason to publish anyway), report.
+            progress: Callable[[str], None] | None = None,
+            only_if_unsettled: bool = False) -> dict[str, Any]:
+    """Close one date: take the date's lease (or join the close holding it), stage the
+    results, validate them, publish only if validation passed (or ``accept_incomplete``
+    gives the operator's reason to publish anyway), report.
 
     ``reason``: when a caller (the DAG's branch) already chose the source, its reason is what
     the run records. ``validate=False`` stages the results without publishing them.
     ``progress`` is told each step as it starts (the CLI prints it: a day takes minutes).
+    ``only_if_unsettled`` (scheduled closes): a date a passing run already published since
+    its close markers is reported as ``already_settled_by`` that run, not settled again.
     """
+    if accept_incomplete is not None and not accept_incomplete.strip():
+        raise ValueError("--accept-incomplete needs the reason the day is published anyway")
+    settings = settings.for_component("settlement")
+    say = progress or (lambda _step: None)
+    got = acquire(settings, trade_date, ttl=settings.close_lease_seconds,
+                  wait_seconds=settings.close_wait_seconds, say=say)
+    if isinstance(got, Joined):
+        return joined_summary(settings, trade_date, got, say)
+    try:
+        for run in got.abandoned:
+            say(f"run {run} of {trade_date} was left running by a close that stopped: "
+                "recorded abandoned; this close takes over")
+        done = settled_by(settings, trade_date) if only_if_unsettled else None
+        if done is not None:
+            say(f"{trade_date}: already settled by run {done} (published after the day's "
+                "close markers): nothing to do; rerun to settle it again")
+            return {**run_outcome(settings, done), "trade_date": trade_date,
+                    "already_settled_by": done, "abandoned_runs": got.abandoned}
+        out = _close(settings, trade_date, got, source, validate, reason, accept_incomplete,
+                     say)
+        return out | {"abandoned_runs": got.abandoned} if got.abandoned else out
+    finally:
+        got.release()
+
+
+def joined_summary(settings: Settings, trade_date: str, joined: Joined,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    """A close that waited for another: that run's outcome, not a computation of its own."""
+    out = run_outcome(settings, joined.run_id)
+    say(f"{trade_date}: joined run {joined.run_id} after {joined.waited_seconds:.0f}s: "
+        f"{out['status']}")
+    return {**out, "trade_date": trade_date, "joined_run_id": joined.run_id,
+            "waited_seconds": joined.waited_seconds,
+            "publication": (f"joined run {joined.run_id}, which "
+                            + ("published the day" if out["published"] else
+                               f"{out['status']} without publishing: {out['error'] or ''}")
+                            ).rstrip(": ")}
+
+
+def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
+           reason: str | None, accept_incomplete: str | None,
+           say: Callable[[str], None]) -> dict[str, Any]:
     from settlement.report import write_report
     from settlement.spark.io import read_day
     from settlement.spark.session import build_session
     from settlement.spark.settle import settle_day
     from settlement.validation.day import record_validation, validate_day
 
-    if accept_incomplete is not None and not accept_incomplete.strip():
-        raise ValueError("--accept-incomplete needs the reason the day is published anyway")
-    settings = settings.for_component("settlement")
-    say = progress or (lambda _step: None)
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     say(f"{trade_date}: choosing the source (source={source})")
     choice = _timed(timings, "choose",
                     lambda: with_reason(choose_source(settings, trade_date, source), reason))
-    run_id = start_run(settings, trade_date, choice)
+    run_id = start_run(settings, trade_date, choice, lease)
+    lease.attach(run_id)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = settled = None
@@ -177,7 +232,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         if pub.published:
             try:
                 _timed(result.timings, "publish", lambda: publish(
-                    settings, run_id, trade_date, pub.accepted_incomplete))
+                    settings, run_id, trade_date, pub.accepted_incomplete, lease))
             except Superseded as e:
                 pub = Publication(False, None, f"not published: {e}; this run's results "
                                   "are kept in the run_* tables", superseded_by=e.newer_run)
@@ -215,6 +270,8 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
                             "validation": outcome.as_dict()})
         if report is not None:
             summary.update({"report_path": str(report.html), "report_json": str(report.json)})
+    except LeaseLost:
+        raise  # the close that took over recorded this run abandoned; nothing more to say
     except Exception as e:
         if not finished:
             summary["timings"] = timings
@@ -271,10 +328,13 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
             "source_reason": choice.reason, "trades": n, **outcome.as_dict()}
 
 
-def latest_run(settings: Settings, trade_date: str) -> dict[str, Any]:
-    """The newest run of a date as recorded (what the DAG reports after spark-submit)."""
+def latest_run(settings: Settings, trade_date: str, run_id: int | None = None
+               ) -> dict[str, Any]:
+    """The newest run of a date as recorded, or its run ``run_id`` (what the DAG reports
+    after spark-submit)."""
     with connect(settings.for_component("auditor").settlement_dsn) as conn:
-        row = conn.execute(q("eod", "latest_run_any"), {"trade_date": trade_date}).fetchone()
+        row = conn.execute(q("eod", "latest_run_any"),
+                           {"trade_date": trade_date, "run_id": run_id}).fetchone()
     if row is None:
         raise RuntimeError(f"no settlement run recorded for {trade_date}")
     (run_id, status, source, source_reason, trades, success, validation,

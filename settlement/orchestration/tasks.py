@@ -174,12 +174,18 @@ def spark_jars_csv(settings: Settings) -> str:
     return ",".join(spark_jars(settings))
 
 
-def run_outcome(settings: Settings, trade_date: str) -> dict[str, Any]:
+def run_outcome(settings: Settings, trade_date: str, rerun: bool = True) -> dict[str, Any]:
     """What the settle task's run recorded: verdict, report, and the failures in one line
-    each (no secrets: this is an XCom)."""
+    each (no secrets: this is an XCom). Without ``rerun`` the settle task settled only an
+    unsettled date: a date already settled (by the other site's close, say) reports the run
+    that settled it."""
+    from settlement.eod.lease import settled_by
     from settlement.eod.pipeline import latest_run
 
-    run = latest_run(settings, trade_date)
+    done = None if rerun else settled_by(settings, trade_date)
+    if done is not None:
+        print(f"{trade_date} is settled by run {done}")
+    run = latest_run(settings, trade_date, done)
     if run["report_path"] is None:
         raise RuntimeError(f"run {run['run_id']} for {trade_date} wrote no report "
                            f"(status {run['status']}: {run['error']})")

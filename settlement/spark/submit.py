@@ -1,5 +1,6 @@
 """spark-submit entry point of the end of day: ``spark-submit settlement/spark/submit.py
---date D --source kafka|db [--reason R]`` (what Airflow's SparkSubmitOperator runs).
+--date D --source kafka|db [--reason R] [--only-if-unsettled yes|no]`` (what Airflow's
+SparkSubmitOperator runs).
 
 Nothing imports this module: it is the top of the stack, a thin shell around
 ``settlement.eod.pipeline.run_eod`` that prints the run's summary as one JSON line.
@@ -34,9 +35,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="why the caller chose --source (recorded instead of 'requested')")
     ap.add_argument("--accept-incomplete", metavar="REASON", default=None,
                     help="publish even if validation fails, recording this reason")
+    ap.add_argument("--only-if-unsettled", choices=["yes", "no"], default="no",
+                    help="yes: a date already published by a passing run since its close "
+                         "markers is not settled again (the DAG's runs unless rerun=true)")
     args = ap.parse_args(argv)
+    # A close of the date in progress elsewhere is joined: its outcome is printed instead.
     out = run_eod(load_settings(), args.date, source=args.source, validate=not args.no_validate,
-                  reason=args.reason, accept_incomplete=args.accept_incomplete or None)
+                  reason=args.reason, accept_incomplete=args.accept_incomplete or None,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True),
+                  only_if_unsettled=args.only_if_unsettled == "yes")
     print(json.dumps(out, default=str), flush=True)
     # A day that failed validation is a finished run (recorded, reported, not published): the
     # DAG's publish_report task reads the record and fails the run with the reasons.

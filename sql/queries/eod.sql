@@ -17,8 +17,10 @@ where trade_date = %(trade_date)s
 group by kafka_partition
 
 -- name: start_run
-insert into settlement_runs (trade_date, source, source_reason, status, offsets)
-values (%(trade_date)s, %(source)s, %(source_reason)s, 'running', %(offsets)s)
+insert into settlement_runs (trade_date, source, source_reason, status, offsets, holder,
+                             fencing_token)
+values (%(trade_date)s, %(source)s, %(source_reason)s, 'running', %(offsets)s, %(holder)s,
+        %(token)s)
 returning run_id
 
 -- name: finish_run
@@ -27,7 +29,7 @@ set status = %(status)s, trades = %(trades)s, duplicates_removed = %(duplicates_
     malformed = %(malformed)s, positions = %(positions)s, accounts = %(accounts)s,
     gross_notional = %(gross_notional)s, netting_efficiency = %(netting_efficiency)s,
     timings = %(timings)s, error = %(error)s, finished_at = now()
-where run_id = %(run_id)s
+where run_id = %(run_id)s and status = 'running'  -- not if a takeover abandoned it
 
 -- name: record_validation
 update settlement_runs
@@ -52,11 +54,12 @@ select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, s
 from positions where trade_date = %(trade_date)s
 
 -- name: latest_run_any
--- The newest run of the date whatever its outcome: what the DAG reports after spark-submit.
+-- The newest run of the date whatever its outcome (or the run named): what the DAG reports
+-- after spark-submit.
 select run_id, status, source, source_reason, trades, validation_success, validation,
        report_path, error, published_at is not null, accepted_incomplete
 from settlement_runs
-where trade_date = %(trade_date)s
+where trade_date = %(trade_date)s and (%(run_id)s::bigint is null or run_id = %(run_id)s)
 order by run_id desc
 limit 1
 
@@ -103,3 +106,8 @@ limit 1
 -- One publication of a date at a time (released at commit): the newest-run check and the
 -- replacement of the rows are then one step.
 select pg_advisory_xact_lock(hashtextextended('publish ' || %(trade_date)s::text, 0))
+
+-- name: last_marker_at
+-- When the newest close marker of the date reached this ledger (a scheduled close settles
+-- a day again only if its markers changed after the published run started).
+select max(ingested_at) from close_markers where trade_date = %(trade_date)s

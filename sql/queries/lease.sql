@@ -1,0 +1,78 @@
+-- Named statements of the close lease (settlement/eod/lease.py; table in migration 0008).
+
+-- name: try_lock
+-- The date's close lock, held by this session until it ends or unlocks.
+select pg_try_advisory_lock(hashtextextended('close ' || %(trade_date)s::text, 0))
+
+-- name: unlock
+select pg_advisory_unlock(hashtextextended('close ' || %(trade_date)s::text, 0))
+
+-- name: lease
+select token, run_id, holder, backend_pid, acquired_at, released_at,
+       expires_at < now(), extract(epoch from now() - acquired_at)
+from close_leases where trade_date = %(trade_date)s
+
+-- name: take
+-- Called with the lock held: this session is the date's only close, whatever the row said.
+insert into close_leases as l (trade_date, token, holder, backend_pid, expires_at)
+values (%(trade_date)s, nextval('close_lease_tokens'), %(holder)s, pg_backend_pid(),
+        now() + make_interval(secs => %(ttl)s))
+on conflict (trade_date) do update
+set token = excluded.token, run_id = null, holder = excluded.holder,
+    backend_pid = excluded.backend_pid, acquired_at = now(), renewed_at = now(),
+    expires_at = excluded.expires_at, released_at = null
+returning token
+
+-- name: abandon_running
+-- Runs of the date still 'running' when a close takes the lease: nobody holds them any more.
+update settlement_runs
+set status = 'abandoned', finished_at = now(), error = %(reason)s
+where trade_date = %(trade_date)s and status = 'running'
+returning run_id, holder
+
+-- name: attach_run
+update close_leases set run_id = %(run_id)s
+where trade_date = %(trade_date)s and token = %(token)s
+
+-- name: renew
+update close_leases
+set renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s)
+where trade_date = %(trade_date)s and token = %(token)s and released_at is null
+
+-- name: release
+update close_leases set released_at = now()
+where trade_date = %(trade_date)s and token = %(token)s and released_at is null
+
+-- name: end_expired
+select end_expired_close(%(trade_date)s)
+
+-- name: fence
+-- Inside the publishing transaction: the row stays locked until commit, so a close taking
+-- the lease meanwhile waits for this publication and never interleaves with it.
+select token from close_leases where trade_date = %(trade_date)s for update
+
+-- name: run_outcome
+select r.run_id, r.status, r.error, r.published_at is not null, r.report_path,
+       r.validation_success, r.source, r.trades
+from settlement_runs r where r.run_id = %(run_id)s
+
+-- name: settled_by
+-- The date's published run if it passed validation (not forced through) and started after
+-- the newest close marker the ledgers hold (%(markers_at)s, null when none is known).
+select r.run_id, r.started_at
+from published_days p join settlement_runs r on r.run_id = p.run_id
+where p.trade_date = %(trade_date)s and r.validation_success
+  and r.accepted_incomplete is null
+  and (%(markers_at)s::timestamptz is null or r.started_at >= %(markers_at)s::timestamptz)
+
+-- name: closes_in_progress
+select l.trade_date, l.run_id, l.holder, l.acquired_at, l.expires_at < now(), l.token
+from close_leases l where l.released_at is null
+order by l.trade_date desc
+
+-- name: abandoned_runs
+select run_id, trade_date, holder, finished_at, error
+from settlement_runs
+where status = 'abandoned' and finished_at > now() - make_interval(days => %(days)s)
+order by run_id desc
+limit 20
