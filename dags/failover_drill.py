@@ -15,7 +15,9 @@ ledgers:
 Faults: `kill` (SIGKILL site A), `pause` (SIGSTOP inside a ledger transaction, past the
 session timeout; the stale batch is refused when it wakes), `db-restart`
 (PostgreSQL crash-restart), `broker-kill` (one of three brokers; needs
-`settle services up --brokers 3`). The task output is the verdict; the HTML page's path is
+`settle services up --brokers 3`), `eod-kill` (both sites close the day at once and site A's
+close is killed mid-run: site B's takes over, the killed run is recorded abandoned and the
+day is published once). The task output is the verdict; the HTML page's path is
 in the log. A drill that loses or duplicates anything fails the run.
 
 Registered only when drills are enabled (`SETTLE_DRILLS_ENABLED`, on by default for the
@@ -45,7 +47,8 @@ from settlement.orchestration.tasks import drills_enabled
                   "execution_timeout": dt.timedelta(minutes=30), "owner": "operations"},
     params={
         "scheme": Param("shared", enum=["separate", "shared"]),
-        "fault": Param("kill", enum=["kill", "pause", "db-restart", "broker-kill"]),
+        "fault": Param("kill", enum=["kill", "pause", "db-restart", "broker-kill",
+                                     "eod-kill"]),
         "trades": Param(20_000, type="integer", minimum=1000, maximum=2_000_000),
         "seed": Param(1, type="integer", minimum=0),
         "at": Param(0.4, type="number", exclusiveMinimum=0, exclusiveMaximum=1,

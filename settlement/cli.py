@@ -362,8 +362,11 @@ Faults by progress, not by the clock: the fault hits once site A has committed t
 fraction (`at`, the column below) of its share of the day, read from the ledger (its share:
 the day's trades on the partitions it owns, which the deterministic gateway tells in
 advance), so it always finds A working; the drill page notes how far A had got. A campaign
-deals the (fault, scheme) pairs so that its first four drills cover every fault and run the
-failover paths, kill and pause, in the shared scheme.
+deals the (fault, scheme) pairs so that its first five drills cover every fault and run the
+failover paths, kill and pause, in the shared scheme. `eod-kill` hits the close instead: the
+day is ingested undisturbed, both sites close it at once and site A's close is killed mid-run;
+its RTO is from the kill to site B's close starting its run, and the drill also requires the
+killed run recorded abandoned, none left running and the day published once.
 
 Why 6 s: a dead site in the shared scheme is noticed when its group session expires.
 Kafka's default `session.timeout.ms` of 45 s would make every takeover take 45 s or more; the
@@ -571,8 +574,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", nargs="?", choices=["run", "campaign"], default="run",
                     help="one drill, or a campaign of random ones")
     sp.add_argument("--scheme", choices=["separate", "shared"], help="run: the scheme")
-    sp.add_argument("--fault", choices=["kill", "pause", "db-restart", "broker-kill"],
-                    help="run: the fault injected into site A or the services")
+    sp.add_argument("--fault", choices=["kill", "pause", "db-restart", "broker-kill",
+                                        "eod-kill"],
+                    help="run: the fault injected into site A or the services (eod-kill: "
+                         "into site A's close of the day)")
     sp.add_argument("--trades", type=_positive, default=20_000, help="trades in the day")
     sp.add_argument("--seed", type=_non_negative, default=1, help="random seed")
     sp.add_argument("--at", type=_rate, default=0.4,

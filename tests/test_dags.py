@@ -64,7 +64,8 @@ def test_policies(dags: dict) -> None:
 def test_eod_shape(dags: dict) -> None:
     dag = dags["eod_settlement"]
     assert dag.schedule is not None or dag.timetable is not None
-    assert set(dag.params) == {"trade_date", "source", "accept_incomplete"}
+    assert set(dag.params) == {"trade_date", "source", "accept_incomplete", "rerun"}
+    assert dag.params["rerun"] is False  # a DAG run settles a settled date only if asked
     ids = set(dag.task_ids)
     assert {"prepare", "wait_for_close", "choose_source", "settle_from_kafka", "settle_from_db",
             "publish_report"} <= ids
@@ -83,6 +84,9 @@ def test_eod_shape(dags: dict) -> None:
     for source in ("kafka", "db"):
         args = dag.get_task(f"settle_from_{source}").application_args
         assert "--no-validate" not in args
+        # Both sites' schedulers run this: a settled date is skipped unless rerun is set.
+        flag = args[args.index("--only-if-unsettled") + 1]
+        assert flag == "{{ 'no' if params.rerun else 'yes' }}", flag
         assert dag.get_task(f"settle_from_{source}").application.endswith("spark/submit.py")
 
 

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.services, pytest.mark.exclusive]
 
 
 def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None:
-    results = drill.run_campaign(runs=4, seed=7, trades=8000, base=services)
+    results = drill.run_campaign(runs=5, seed=7, trades=8000, base=services)
     assert {r.spec["fault"] for r in results} == set(drill.FAULTS)
     by_pair = {(r.spec["scheme"], r.spec["fault"]): r for r in results}
     # The failover paths run in the shared scheme: takeover and zombie fencing.
@@ -24,6 +24,8 @@ def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None
         assert r.kafka_trades == 8000, r.as_dict()
         assert r.passed, r.as_dict()
         assert r.rto_seconds is not None
+        if r.spec["fault"] == "eod-kill":
+            continue  # the close is hit, not the ingest: judged below
         # Injected by progress: site A had committed part of its share, not none of it.
         assert "site A had committed" in r.fault_note and "not reached" not in r.fault_note, \
             r.fault_note
@@ -31,14 +33,21 @@ def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None
     pause = by_pair[("shared", "pause")]
     assert "frozen inside a ledger transaction" in pause.fault_note, pause.fault_note
     assert pause.fenced_batches >= 1, pause.as_dict()  # its stale batch was refused
+    # eod-kill: site A's close killed mid-run; site B's took over and published once.
+    close = next(r for r in results if r.spec["fault"] == "eod-kill").close
+    assert close is not None and close["killed_status"] == "abandoned", close
+    assert (close["publications"], close["running"]) == (1, 0), close
+    assert close["published_run"] != close["killed_run"] and close["trades"] == 8000, close
+    assert "killed" in close["note"] and "took over" in close["note"], close
     md = drill.markdown(results, "pytest")
-    assert md.count("| yes |") == 4
+    assert md.count("| yes |") == 5
 
 
 def test_campaign_plan_puts_failover_faults_in_the_shared_scheme_first() -> None:
     pairs = drill.campaign_pairs()
-    assert pairs[:4] == [("kill", "shared"), ("pause", "shared"),
-                         ("db-restart", "separate"), ("broker-kill", "separate")]
+    assert pairs[:5] == [("kill", "shared"), ("pause", "shared"),
+                         ("db-restart", "separate"), ("broker-kill", "separate"),
+                         ("eod-kill", "separate")]
     assert sorted(pairs) == sorted((f, sc) for f in drill.FAULTS for sc in drill.SCHEMES)
 
 

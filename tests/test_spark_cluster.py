@@ -144,7 +144,7 @@ def test_the_dag_settles_on_the_cluster_through_spark_default(
     # The spark_default connection points at the master (airflow_connections renders it).
     remote = isolated.settings.model_copy(update={"spark_master": cluster.url})
     monkeypatch.setenv("SETTLE_SPARK_MASTER", cluster.url)
-    run = _run_eod(remote, DATE, monkeypatch, source="db")
+    run = _run_eod(remote, DATE, monkeypatch, source="db", rerun=True)  # settled locally
     assert str(run.state) == "success", run.state
     positions, run_id = published_positions(isolated.settings.settlement_dsn, DATE)
     assert run_id != local_run and positions == local_positions

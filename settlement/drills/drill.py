@@ -14,7 +14,11 @@ fault always finds A working:
   wakes (zombie fencing: the "fenced" count);
 - ``db-restart``: crash-restart PostgreSQL (immediate stop, no checkpoint) mid-batch;
 - ``broker-kill``: SIGKILL one broker of the three-node cluster while the gateway produces
-  with acks=all (it is restarted after the day).
+  with acks=all (it is restarted after the day);
+- ``eod-kill``: the day is ingested without a fault, then both sites close it at once and
+  site A's close is SIGKILLed mid-run; site B's close takes the date's lease over and
+  publishes (settlement/drills/close.py judges the close: one publication, the killed run
+  abandoned, none left running).
 
 Then the day finishes and the checker compares an independent read_committed read of Kafka
 with the ledger(s): ``lost``, ``duplicated``, ``unexpected``, ``nonmonotonic``, plus the
@@ -47,6 +51,7 @@ from settlement.drills.checker import (
     wait_for_owners,
     wait_for_share,
 )
+from settlement.drills.close import CloseOutcome, kill_a_close
 from settlement.drills.namespace import (
     drop_namespace,
     namespace_env,
@@ -55,7 +60,7 @@ from settlement.drills.namespace import (
 )
 from settlement.drills.runner import SiteProcesses, spawn_settle, wait
 
-FAULTS = ("kill", "pause", "db-restart", "broker-kill")
+FAULTS = ("kill", "pause", "db-restart", "broker-kill", "eod-kill")
 SCHEMES = ("separate", "shared")
 RTO_TARGET_SECONDS = 10.0
 
@@ -91,6 +96,7 @@ class DrillResult:
     fault_note: str  # how far site A had got, and how the fault landed
     seconds: float
     examples: dict[str, Any] = field(default_factory=dict)
+    close: dict[str, Any] | None = None  # eod-kill: how the close phase went
     passed: bool = False
     report_path: str | None = None
 
@@ -123,6 +129,8 @@ def _partitions_of(conn: psycopg.Connection, site: str, before: dt.datetime) -> 
 
 def _rto(settings: Settings, spec: DrillSpec, fault_at: dt.datetime
          ) -> tuple[float | None, str]:
+    if spec.fault == "eod-kill":
+        return None, "see the close phase"  # judged by close.CloseOutcome
     if spec.scheme == "separate" and spec.fault in ("kill", "pause"):
         return 0.0, "separate scheme: site B consumes every partition all day (RTO 0 by design)"
     dsn = settings.ledger_dsn(_ledgers(spec)[-1])
@@ -249,10 +257,13 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
                       logs / "gateway.log")
     say(f"publishing {spec.trades:,} trades; {spec.fault} when site A has {spec.at:.0%} "
         "of its share")
-    progress = _victim_progress(settings, spec, a)
-    fault_at, how = _inject(base, settings, spec, a)
-    say(f"fault injected ({spec.fault}); waiting for the day to close")
-    fault_note = "; ".join(x for x in (progress.describe(), how) if x)
+    if spec.fault == "eod-kill":  # the sites ingest undisturbed; the close is hit later
+        fault_at, fault_note = dt.datetime.now(dt.UTC), ""
+    else:
+        progress = _victim_progress(settings, spec, a)
+        fault_at, how = _inject(base, settings, spec, a)
+        say(f"fault injected ({spec.fault}); waiting for the day to close")
+        fault_note = "; ".join(x for x in (progress.describe(), how) if x)
     sim = wait(gw, "gateway", logs / "gateway.log", 600)
     outputs = []
     if spec.fault == "kill":
@@ -266,6 +277,12 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     outputs += b.results("site B", 600)
     if spec.fault == "broker-kill":
         services.up(base)  # bring the killed broker back for whatever runs next
+
+    close: CloseOutcome | None = None
+    if spec.fault == "eod-kill":
+        say("closing the day from both sites at once; site A's close is killed mid-run")
+        close = kill_a_close(settings, env, spec.trade_date, logs, spec.at, say)
+        fault_at, fault_note = close.fault_at, close.note
 
     say("checking the ledger(s) against an independent read of Kafka")
     day = read_kafka_day(settings, spec.trade_date)
@@ -283,6 +300,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
         if not res.ok:
             examples[ledger] = res.as_dict()["examples"]
     rto, note = _rto(settings, spec, fault_at)
+    if close is not None:
+        rto, note = close.takeover_seconds, "site A's close killed -> site B's run started"
     result = DrillResult(
         spec=asdict(spec), lost=lost, duplicated=duplicated, unexpected=unexpected,
         nonmonotonic=nonmono, rto_seconds=rto, rto_note=note, rpo_trades=lost,
@@ -290,14 +309,15 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
         fenced_batches=sum(int(o.get("fenced", 0)) for o in outputs),
         fault_at=fault_at.isoformat(), fault_note=fault_note,
         seconds=round(time.monotonic() - started, 1),
-        examples=examples)
+        examples=examples, close=None if close is None else close.as_dict())
     # The RTO target is for a dead site (SIGKILL) in the shared scheme; a paused site is not
     # dead, and its takeover time is reported, not judged.
     result.passed = (lost == duplicated == unexpected == nonmono == 0
                      and len(day.trade_ids) == sim.get("trades")
                      and rto is not None
                      and not (spec.scheme == "shared" and spec.fault == "kill"
-                              and rto > RTO_TARGET_SECONDS))
+                              and rto > RTO_TARGET_SECONDS)
+                     and (close is None or close.passed(len(day.trade_ids))))
     result.report_path = str(write_drill_page([result], logs / "drill.html"))
     if result.passed and not keep:
         drop_namespace(settings)
