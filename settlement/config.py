@@ -190,6 +190,8 @@ class Settings(BaseSettings):
     # host lost) is taken over. A second close waits up to close_wait_seconds for the first
     # and then reports its outcome.
     close_lease_seconds: float = Field(30.0, ge=3, le=3600)
+    site_name: str | None = Field(None, max_length=64, description="the site this close runs "
+                                  "at (a, b...): named in its lease and in `settle status`")
     close_wait_seconds: float = Field(3600.0, ge=0, le=24 * 3600)
 
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).

@@ -137,8 +137,7 @@ class Lease:
             self.conn.close()
 
 
-def holder_name() -> str:
-    site = os.environ.get("SETTLE_SITE_NAME")
+def holder_name(site: str | None) -> str:
     return f"{socket.gethostname()} pid {os.getpid()}" + (f" site {site}" if site else "")
 
 
@@ -221,7 +220,7 @@ def acquire(settings: Settings, trade_date: str, *, ttl: float, wait_seconds: fl
 
 def _take(conn: psycopg.Connection, settings: Settings, trade_date: str, ttl: float,
           previous: Holder | None, waited: float) -> Lease:
-    holder = holder_name()
+    holder = holder_name(settings.site_name)
     token = int(conn.execute(q("lease", "take"), {  # type: ignore[index]
         "trade_date": trade_date, "holder": holder, "ttl": ttl}).fetchone()[0])
     reason = ("abandoned: its close stopped holding the date's lease "
