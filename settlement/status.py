@@ -99,8 +99,8 @@ def judge(ledgers: dict[str, Any], runs: dict[str, Any], limits: Thresholds,
         if close["lease_expired"]:
             problems.append(f"the close of {close['trade_date']} (run {close['run_id']}, "
                             f"{close['holder']}, since {close['since']}) stopped renewing its "
-                            "lease: it is paused or cut off; the next close of the date takes "
-                            "it over (docs/operations.md, \"A close is stuck\")")
+                            "lease: it was killed, is paused or is cut off; the next close of the "
+                            "date takes it over (docs/operations.md, \"A close is stuck\")")
     latest = (runs.get("runs") or [None])[0]
     if latest is not None and latest["status"] != "succeeded":
         problems.append(f"the last settlement of {latest['trade_date']} (run "

@@ -145,6 +145,29 @@ def test_a_paused_close_is_fenced_after_its_lease_expires(isolated, tmp_path: Pa
     assert "running" not in {st for st, _ in runs.values()}
 
 
+def test_a_close_whose_lease_session_ended_cannot_publish(isolated) -> None:
+    """Between a waiter ending an expired holder's session and taking the lease, the token
+    is still the holder's: the fence also wants the lease session alive."""
+    from settlement.eod.model import SourceChoice
+    from settlement.eod.pipeline import finish_run, publish, start_run
+
+    s = isolated.settings.for_component("settlement")
+    got, _ = _acquire(isolated.settings)
+    assert isinstance(got, close_lease.Lease)
+    run = start_run(s, DAY, SourceChoice("db", "cut off"), got)
+    got.attach(run)
+    with connect(isolated.settings.settlement_dsn) as admin:
+        admin.execute("select pg_terminate_backend(%s)", (got.conn.info.backend_pid,))
+    try:
+        with pytest.raises(close_lease.LeaseLost, match="lost its lease session"):
+            publish(s, run, DAY, None, got)
+        finish_run(s, run, "failed", {}, error="lease lost")  # not taken over: it may record
+    finally:
+        got.release()  # the session is gone already: releasing must not raise
+    assert _published(s.settlement_dsn) is None
+    assert _runs(s.settlement_dsn)[run] == ("failed", "lease lost")
+
+
 def test_a_close_gives_up_waiting_after_its_bound(isolated, tmp_path: Path) -> None:
     first = _worker(isolated.env, tmp_path / "go")
     run = _line(first)["held"]

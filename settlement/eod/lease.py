@@ -123,6 +123,10 @@ class Lease:
             raise LeaseLost(f"the close of {self.trade_date} was taken over (token "
                             f"{None if row is None else row[0]} replaced this close's "
                             f"{self.token}): not publishing")
+        if not row[1]:
+            raise LeaseLost(f"the close of {self.trade_date} lost its lease session (ended "
+                            "after its lease expired, or cut off): not publishing; the next "
+                            "close of the date takes over")
 
     def release(self) -> None:
         self._stop.set()

@@ -8,6 +8,7 @@ transaction, so running a date twice gives the same tables.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -172,7 +173,9 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
                     "already_settled_by": done, "abandoned_runs": got.abandoned}
         out = _close(settings, trade_date, got, source, validate, reason, accept_incomplete,
                      say)
-        return out | {"abandoned_runs": got.abandoned} if got.abandoned else out
+        if got.abandoned:
+            out["abandoned_runs"] = got.abandoned
+        return out
     finally:
         got.release()
 
@@ -270,12 +273,14 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                             "validation": outcome.as_dict()})
         if report is not None:
             summary.update({"report_path": str(report.html), "report_json": str(report.json)})
-    except LeaseLost:
-        raise  # the close that took over recorded this run abandoned; nothing more to say
     except Exception as e:
         if not finished:
             summary["timings"] = timings
-            finish_run(settings, run_id, "failed", summary, error=f"{type(e).__name__}: {e}")
+            # A close that took the date over may have recorded this run abandoned already:
+            # that record stands (and this close's own error is raised either way).
+            with contextlib.suppress(LeaseLost):
+                finish_run(settings, run_id, "failed", summary,
+                           error=f"{type(e).__name__}: {e}")
         raise
     finally:
         if settled is not None:

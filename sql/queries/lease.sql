@@ -48,8 +48,13 @@ select end_expired_close(%(trade_date)s)
 
 -- name: fence
 -- Inside the publishing transaction: the row stays locked until commit, so a close taking
--- the lease meanwhile waits for this publication and never interleaves with it.
-select token from close_leases where trade_date = %(trade_date)s for update
+-- the lease meanwhile waits for this publication and never interleaves with it. A token is
+-- only good while its lease session lives: once a waiter has ended an expired holder's
+-- session, that holder cannot publish even before the waiter replaces the token.
+select l.token, exists (select 1 from pg_stat_activity a where a.pid = l.backend_pid)
+from close_leases l
+where l.trade_date = %(trade_date)s
+for update of l
 
 -- name: run_outcome
 select r.run_id, r.status, r.error, r.published_at is not null, r.report_path,
