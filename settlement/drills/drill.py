@@ -129,8 +129,6 @@ def _partitions_of(conn: psycopg.Connection, site: str, before: dt.datetime) -> 
 
 def _rto(settings: Settings, spec: DrillSpec, fault_at: dt.datetime
          ) -> tuple[float | None, str]:
-    if spec.fault == "eod-kill":
-        return None, "see the close phase"  # judged by close.CloseOutcome
     if spec.scheme == "separate" and spec.fault in ("kill", "pause"):
         return 0.0, "separate scheme: site B consumes every partition all day (RTO 0 by design)"
     dsn = settings.ledger_dsn(_ledgers(spec)[-1])
@@ -299,9 +297,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
         rows[ledger] = res.ledger_rows
         if not res.ok:
             examples[ledger] = res.as_dict()["examples"]
-    rto, note = _rto(settings, spec, fault_at)
-    if close is not None:
-        rto, note = close.takeover_seconds, "site A's close killed -> site B's run started"
+    rto, note = ((close.takeover_seconds, "site A's close killed -> site B's run started")
+                 if close is not None else _rto(settings, spec, fault_at))
     result = DrillResult(
         spec=asdict(spec), lost=lost, duplicated=duplicated, unexpected=unexpected,
         nonmonotonic=nonmono, rto_seconds=rto, rto_note=note, rpo_trades=lost,

@@ -80,8 +80,6 @@ class Lease:
     ttl: float
     conn: psycopg.Connection
     abandoned: list[int] = field(default_factory=list)
-    waited_seconds: float = 0.0
-    _lost: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -95,25 +93,17 @@ class Lease:
 
     def _renew_loop(self) -> None:
         # A third of the lease between renewals: two can fail (a slow server) before a
-        # waiter may end this session.
+        # waiter may end this session. Renewing stops once the row or the session is gone;
+        # the fence in the publishing transaction is what refuses the publication.
         while not self._stop.wait(self.ttl / 3):
             try:
-                cur = self.conn.execute(q("lease", "renew"), self._params())
-                if cur.rowcount != 1:
-                    self._lost = "its lease row was taken by another close"
-            except psycopg.Error as e:
-                self._lost = f"its lease session ended ({type(e).__name__})"
-            if self._lost:
-                return
+                if self.conn.execute(q("lease", "renew"), self._params()).rowcount != 1:
+                    return  # another close took the row over
+            except psycopg.Error:
+                return  # the lease session ended
 
     def attach(self, run_id: int) -> None:
         self.conn.execute(q("lease", "attach_run"), self._params(run_id=run_id))
-
-    @property
-    def lost(self) -> str | None:
-        """Why the lease is gone, or None while it is held (as far as this close knows:
-        the fence in the publishing transaction is the check that counts)."""
-        return self._lost
 
     def check_fence(self, conn: psycopg.Connection) -> None:
         """In the publishing transaction: the row still holds this close's token (and stays
@@ -192,7 +182,7 @@ def acquire(settings: Settings, trade_date: str, *, ttl: float, wait_seconds: fl
                     conn.execute(q("lease", "unlock"), params)
                     conn.close()
                     return Joined(row.run_id, round(waited, 3))
-                return _take(conn, settings, trade_date, ttl, row, waited)
+                return _take(conn, settings, trade_date, ttl, row)
             row = _lease_row(conn, trade_date)
             if row is not None and not row.released:
                 waited_for = row
@@ -223,7 +213,7 @@ def acquire(settings: Settings, trade_date: str, *, ttl: float, wait_seconds: fl
 
 
 def _take(conn: psycopg.Connection, settings: Settings, trade_date: str, ttl: float,
-          previous: Holder | None, waited: float) -> Lease:
+          previous: Holder | None) -> Lease:
     holder = holder_name(settings.site_name)
     token = int(conn.execute(q("lease", "take"), {  # type: ignore[index]
         "trade_date": trade_date, "holder": holder, "ttl": ttl}).fetchone()[0])
@@ -233,22 +223,9 @@ def _take(conn: psycopg.Connection, settings: Settings, trade_date: str, ttl: fl
               + f"and {holder} took the close over (token {token})")
     abandoned = [int(r[0]) for r in conn.execute(q("lease", "abandon_running"), {
         "trade_date": trade_date, "reason": reason})]
-    lease = Lease(trade_date, token, holder, ttl, conn, abandoned=abandoned,
-                  waited_seconds=round(waited, 3))
+    lease = Lease(trade_date, token, holder, ttl, conn, abandoned=abandoned)
     lease.start_renewing()
     return lease
-
-
-def run_outcome(settings: Settings, run_id: int) -> dict[str, Any]:
-    """A finished run as a joined close reports it."""
-    with psycopg.connect(settings.settlement_dsn, connect_timeout=10) as conn:
-        row = conn.execute(q("lease", "run_outcome"), {"run_id": run_id}).fetchone()
-    if row is None:
-        raise RuntimeError(f"run {run_id} is not recorded")
-    run, status, error, published, report, success, source, trades = row
-    return {"run_id": run, "status": status, "error": error, "published": published,
-            "report_path": report, "validation_success": success, "source": source,
-            "trades": trades}
 
 
 def markers_at(settings: Settings, trade_date: str) -> Any:

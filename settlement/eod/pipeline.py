@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from settlement.config import Settings
 from settlement.db import connect, q
-from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, run_outcome, settled_by
+from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, settled_by
 from settlement.eod.model import (
     RESULT_TABLES,
     Position,
@@ -169,8 +169,8 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         if done is not None:
             say(f"{trade_date}: already settled by run {done} (published after the day's "
                 "close markers): nothing to do; rerun to settle it again")
-            return {**run_outcome(settings, done), "trade_date": trade_date,
-                    "already_settled_by": done, "abandoned_runs": got.abandoned}
+            return {**latest_run(settings, trade_date, done), "already_settled_by": done,
+                    "abandoned_runs": got.abandoned}
         out = _close(settings, trade_date, got, source, validate, reason, accept_incomplete,
                      say)
         if got.abandoned:
@@ -183,10 +183,10 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
 def joined_summary(settings: Settings, trade_date: str, joined: Joined,
                    say: Callable[[str], None]) -> dict[str, Any]:
     """A close that waited for another: that run's outcome, not a computation of its own."""
-    out = run_outcome(settings, joined.run_id)
+    out = latest_run(settings, trade_date, joined.run_id)
     say(f"{trade_date}: joined run {joined.run_id} after {joined.waited_seconds:.0f}s: "
         f"{out['status']}")
-    return {**out, "trade_date": trade_date, "joined_run_id": joined.run_id,
+    return {**out, "joined_run_id": joined.run_id,
             "waited_seconds": joined.waited_seconds,
             "publication": (f"joined run {joined.run_id}, which "
                             + ("published the day" if out["published"] else

@@ -56,11 +56,6 @@ from close_leases l
 where l.trade_date = %(trade_date)s
 for update of l
 
--- name: run_outcome
-select r.run_id, r.status, r.error, r.published_at is not null, r.report_path,
-       r.validation_success, r.source, r.trades
-from settlement_runs r where r.run_id = %(run_id)s
-
 -- name: settled_by
 -- The date's published run if it passed validation (not forced through) and started after
 -- the newest close marker the ledgers hold (%(markers_at)s, null when none is known).
