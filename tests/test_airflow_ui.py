@@ -128,6 +128,26 @@ def _login(page: Any, base: str, password: str) -> None:
     page.wait_for_url(lambda url: "/auth/login" not in url, timeout=30_000)
 
 
+def _menu_to(page: Any, menu: str, item: str, url: str, attempts: int = 3) -> None:
+    """Open the nav menu and follow one of its items, as a person would. Under a loaded
+    machine the menu can close (a re-render) before the click lands: a person clicks again,
+    so does this, a bounded number of times."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(attempts):
+        page.get_by_role("button", name=menu).click()
+        entry = page.get_by_text(item, exact=True).first
+        try:
+            entry.wait_for(state="visible", timeout=30_000)
+            entry.click(timeout=30_000)
+            page.wait_for_url(url, timeout=45_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == attempts - 1:
+                page.screenshot(path=str(ROOT / "test-artifacts" / "airflow-menu-failed.png"))
+                raise
+
+
 def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
     """Browse > Audit reports lists the day's report with its verdict; its link opens the
     report itself inside Airflow's UI."""
@@ -157,9 +177,7 @@ def _open_report_from_the_ui(base: str, password: str, iso: Isolated) -> None:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         _login(page, base, password)
         page.goto(f"{base}/dags", wait_until="networkidle")
-        page.get_by_role("button", name="Browse").click()  # the nav menu, as a person would
-        page.get_by_text("Audit reports", exact=True).first.click()
-        page.wait_for_url("**/plugin/audit-reports", timeout=30_000)
+        _menu_to(page, "Browse", "Audit reports", "**/plugin/audit-reports")
         frame = page.frame_locator("iframe")
         link = frame.get_by_role("link", name=f"report {DAY} run {run_id}")
         link.wait_for(timeout=60_000)

@@ -213,11 +213,24 @@ def bump(**deltas: dict[tuple[str, str], int]) -> Any:
 
 def test_a_good_day_passes_every_check(spark: SparkSession) -> None:  # noqa: F811
     """Kafka-sourced, separate scheme: nothing is skipped; a replayed copy is no failure."""
+    import time
+    from urllib.parse import urlparse
+
+    started = time.time()
     out = validate(spark, Day(), everything=True)
     assert out.success, [c.as_dict() for c in out.failures]
     assert out.skipped == {}
     assert {f"{c.suite}@{c.asset}: {c.name}" for c in out.checks} == ALL_CHECKS
     assert len(out.checks) == len(ALL_CHECKS)
+    # Data Docs are built once at the end of the run, with a page for each suite's result of
+    # this run and the index listing them.
+    assert out.data_docs is not None
+    index = Path(urlparse(out.data_docs).path)
+    assert index.is_file() and index.stat().st_mtime >= started - 1
+    pages = {p.relative_to(index.parent / "validations").parts[0]
+             for p in (index.parent / "validations").rglob("*.html")
+             if p.stat().st_mtime >= started - 1}
+    assert pages == {c.suite for c in out.checks}, pages
 
 
 def test_a_ledger_sourced_day_skips_the_checks_that_cannot_fail(spark: SparkSession  # noqa: F811

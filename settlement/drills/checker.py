@@ -46,7 +46,7 @@ def read_kafka_day(settings: Settings, trade_date: str, timeout: float = 60) -> 
     Malformed messages carry no reliable date, so every malformed message on the topic is
     reported; the callers use a topic per day or compare only offsets they care about.
     """
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     c = Consumer({
         **settings.kafka_client_config(),
@@ -54,6 +54,10 @@ def read_kafka_day(settings: Settings, trade_date: str, timeout: float = 60) -> 
         "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        # The end of each partition is signalled (read_committed never returns a trailing
+        # transaction marker, so the last offset alone cannot tell).
+        "enable.partition.eof": True,
+        "fetch.wait.max.ms": 10,
         "log_level": 3,
     })
     day = KafkaDay(trade_date)
@@ -67,16 +71,18 @@ def read_kafka_day(settings: Settings, trade_date: str, timeout: float = 60) -> 
         deadline = time.monotonic() + timeout
         idle_since = time.monotonic()
         while len(done) < len(parts) and time.monotonic() < deadline:
-            msgs = c.consume(num_messages=10_000, timeout=0.5)
+            # A short timeout: consume() otherwise waits for all 10,000 messages.
+            msgs = c.consume(num_messages=10_000, timeout=0.05)
             if not msgs:
-                # The tail of a partition may be a transaction marker or aborted records,
-                # which read_committed never returns: quiet for a while means done.
+                # Partition EOF should end the loop; quiet for a while ends it too.
                 if time.monotonic() - idle_since > 3:
                     break
                 continue
             idle_since = time.monotonic()
             for m in msgs:
                 if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        done.add(m.partition())
                     continue
                 p, off = m.partition(), m.offset()
                 if off + 1 >= ends[p] - 1:
