@@ -26,6 +26,9 @@ os.environ.setdefault("SETTLE_PG_PORT", "25432")
 os.environ.setdefault("SETTLE_KAFKA_BROKERS", "3")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Every Spark JVM the tests start (in-process sessions, `settle eod`, Airflow's spark-submit)
+# reads the test settings there: see tests/spark-conf/spark-defaults.conf.
+os.environ.setdefault("SPARK_CONF_DIR", str(ROOT / "tests" / "spark-conf"))
 # pytest-xdist runs the suite in several worker processes (`make test`): each has its own
 # Airflow home, since SQLite takes one writer at a time. Unset outside xdist.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
