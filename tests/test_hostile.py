@@ -14,6 +14,7 @@ from __future__ import annotations
 import html.parser
 import os
 import re
+import stat
 import subprocess
 import threading
 from collections import Counter
@@ -205,7 +206,9 @@ def _texts(root: Path, skip: tuple[Path, ...] = (),
                 continue
             path = Path(folder, name)
             try:
-                if path.stat().st_size < 50_000_000:
+                st = path.stat()
+                # Regular files only: PostgreSQL's socket lives under the state folder too.
+                if stat.S_ISREG(st.st_mode) and st.st_size < 50_000_000:
                     yield path, path.read_bytes().decode("utf-8", "replace")
             except FileNotFoundError:
                 continue
