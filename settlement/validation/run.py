@@ -205,13 +205,19 @@ def ensure_project(context: Any) -> dict[str, Any]:
             cp = None
         if cp is not None and cp.actions:
             # A project from before Data Docs were built once per run (see run_suites).
-            context.checkpoints.delete(name)
+            try:
+                context.checkpoints.delete(name)
+            except gx.exceptions.DataContextError:
+                pass  # removed meanwhile by another run
             cp = None
         if cp is None:
-            cp = context.checkpoints.add(gx.Checkpoint(
-                name=name, validation_definitions=[vd], actions=[],
-                result_format={"result_format": "COMPLETE"},
-            ))
+            try:
+                cp = context.checkpoints.add(gx.Checkpoint(
+                    name=name, validation_definitions=[vd], actions=[],
+                    result_format={"result_format": "COMPLETE"},
+                ))
+            except gx.exceptions.DataContextError:
+                cp = context.checkpoints.get(name)  # added meanwhile by another run
         checkpoints[name] = cp
     return checkpoints
 
