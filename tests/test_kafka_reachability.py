@@ -7,7 +7,8 @@ import socket
 import time
 
 from settlement.config import load_settings
-from settlement.eod.sources import _address, all_refuse, topic_view
+from settlement.eod.sources import topic_view
+from settlement.kafka.admin import brokers_refuse
 
 
 def _closed_port() -> int:
@@ -16,18 +17,10 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # nothing listens there once the socket is closed
 
 
-def test_bootstrap_entries_parse() -> None:
-    assert _address("127.0.0.1:9092") == ("127.0.0.1", 9092)
-    assert _address("SASL_SSL://kafka-1:9093") == ("kafka-1", 9093)
-    assert _address("[::1]:9092") == ("::1", 9092)
-    assert _address("kafka-1") is None and _address("host:port") is None
-
-
 def test_refused_everywhere_is_unreachable_at_once() -> None:
-    ports = [_closed_port(), _closed_port()]
-    bootstrap = ",".join(f"127.0.0.1:{p}" for p in ports)
-    assert all_refuse(bootstrap)
+    bootstrap = ",".join(f"127.0.0.1:{_closed_port()}" for _ in range(2))
     settings = load_settings(kafka_bootstrap=bootstrap)
+    assert brokers_refuse(settings)
     t0 = time.monotonic()
     view = topic_view(settings, timeout=10)
     assert time.monotonic() - t0 < 5  # not the 10 s metadata timeout
@@ -40,6 +33,5 @@ def test_one_listening_server_is_not_a_refusal() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         port = listener.getsockname()[1]
-        assert not all_refuse(f"127.0.0.1:{_closed_port()},127.0.0.1:{port}")
-    # An entry that cannot be parsed leaves the answer to the client's own timeout.
-    assert not all_refuse(f"127.0.0.1:{_closed_port()},not-an-address")
+        assert not brokers_refuse(load_settings(
+            kafka_bootstrap=f"127.0.0.1:{_closed_port()},127.0.0.1:{port}"))

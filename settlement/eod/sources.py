@@ -86,42 +86,12 @@ class TopicView:
     why_not: str = ""
 
 
-def _address(server: str) -> tuple[str, int] | None:
-    """``host:port`` of one bootstrap entry (``PROTOCOL://`` and IPv6 brackets allowed)."""
-    server = server.strip().rpartition("://")[2]
-    host, sep, port = server.rpartition(":")
-    if not sep or not port.isdigit():
-        return None
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def all_refuse(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when every bootstrap server actively refuses a TCP connection: nothing listens
-    there, so waiting for Kafka's metadata timeout cannot change the answer. A timeout, a
-    name that does not resolve or an entry this cannot parse is no refusal (the client's own
-    timeout decides then)."""
-    import socket
-
-    servers = [a for a in map(_address, bootstrap.split(",")) if a is not None]
-    if not servers or len(servers) != len(bootstrap.split(",")):
-        return False
-    for host, port in servers:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                return False
-        except ConnectionRefusedError:
-            continue
-        except OSError:
-            return False
-    return True
-
-
 def topic_view(settings: Settings, timeout: float) -> TopicView:
     from confluent_kafka import KafkaException
 
-    from settlement.kafka.admin import admin_client
+    from settlement.kafka.admin import admin_client, brokers_refuse
 
-    if all_refuse(settings.bootstrap(), min(timeout, 2.0)):
+    if brokers_refuse(settings, min(timeout, 2.0)):
         # Brokers that are down refuse at once; the fallback need not wait out the timeout.
         return TopicView(None, f"Kafka is unreachable at {settings.bootstrap()}: every "
                                "bootstrap server refused the connection")

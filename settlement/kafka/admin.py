@@ -16,6 +16,25 @@ def admin_client(settings: Settings) -> Any:
     return AdminClient({**settings.kafka_client_config(), "log_level": 0})
 
 
+def brokers_refuse(settings: Settings, timeout: float = 2.0) -> bool:
+    """True when every bootstrap server actively refuses a TCP connection: nothing listens
+    there, so waiting for a metadata timeout cannot change the answer. A timeout or a name
+    that does not resolve is no refusal (the client's own timeout decides then). The
+    entries are host:port (the configuration validates them)."""
+    import socket
+
+    for server in settings.bootstrap().split(","):
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return False
+        except ConnectionRefusedError:
+            continue
+        except OSError:
+            return False
+    return True
+
+
 def ensure_topic(settings: Settings, brokers: int | None = None, timeout: float = 30) -> str:
     """Create the trades topic if missing; returns 'created' or 'exists'.
 
