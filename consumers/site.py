@@ -110,6 +110,9 @@ class Site:
         # partition -> stored next offset after the batches handed to the writer (the
         # compare-and-set value the next batch expects)
         self.expected: dict[int, int] = {}
+        # The partitions the group gave us. What librdkafka fetches may be fewer: none while
+        # the ledger is unreachable, never the stalled ones (see _fetch).
+        self.owned: set[int] = set()
         self.needs_resync = False
         # After a write error: not before this (monotonic) time, and the batch whose outcome
         # the ledger's offsets will tell (partition -> the offset it expected stored).
@@ -117,7 +120,7 @@ class Site:
         self.failures = 0
         self.unknown: dict[int, int] = {}
         # Partitions whose stored position lies past the end of the log (a recreated topic, a
-        # restored ledger, a mirrored cluster): paused, reported, and never a reason to stop
+        # restored ledger, a mirrored cluster): not fetched, reported, and never a reason to stop
         # the other partitions. partition -> the stored position.
         self.stalled: dict[int, int] = {}
         self.stop = False
@@ -132,29 +135,22 @@ class Site:
 
     # -- rebalance callbacks (run inside consume()) -----------------------------------------
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        from confluent_kafka import OFFSET_BEGINNING
-
         self._drain()
         self.stats["rebalances"] += 1
         ids = [tp.partition for tp in partitions]
+        self.owned = set(ids)  # eager protocol: the whole assignment, every time
         try:
             stored = self.ledger.claim(ids)
         except psycopg.Error as e:
-            log.warning("site %s: ledger unavailable during assignment (%s); paused",
-                        self.opts.site, e)
+            log.warning("site %s: ledger unavailable during assignment (%s); nothing fetched "
+                        "until it is back", self.opts.site, e)
             self.ledger.close()
-            consumer.assign(partitions)
-            consumer.pause(partitions)
+            consumer.unassign()  # the group's partitions stay ours; the resync fetches them
             self.needs_resync = True
             return
-        for tp in partitions:
-            off = stored.get(tp.partition, BEGINNING)
-            self.expected[tp.partition] = off
-            tp.offset = OFFSET_BEGINNING if off == BEGINNING else off
-        consumer.assign(partitions)
-        # librdkafka keeps a partition's pause across assignments: one paused after a ledger
-        # error before it was revoked would stay paused now that it is ours again.
-        consumer.resume(partitions)
+        for p in ids:
+            self.expected[p] = stored.get(p, BEGINNING)
+        self._fetch()
         log.info("site %s assigned %s at %s", self.opts.site, ids,
                  {p: self.expected[p] for p in ids})
 
@@ -163,6 +159,7 @@ class Site:
         self._drain()
         for tp in partitions:
             self.expected.pop(tp.partition, None)
+            self.owned.discard(tp.partition)  # a resync before the next assignment skips it
         log.info("site %s revoked %s", self.opts.site, [tp.partition for tp in partitions])
 
     # -- the loop ---------------------------------------------------------------------------
@@ -251,13 +248,10 @@ class Site:
             if err is not None:
                 if err.code() == KafkaError._AUTO_OFFSET_RESET:
                     if m.partition() in self.stalled:
-                        # Known: past the log's end. Paused again (a rebalance resumes every
-                        # partition); the others go on, this poll's batch with them.
-                        self._pause_stalled()
-                        continue
+                        continue  # known, and no longer fetched: queued before the resync
                     # Our position is outside the log: retention deleted it unread (the
                     # resync records the gap and moves on from the log start), or the log
-                    # ends before it (the resync pauses that partition alone).
+                    # ends before it (the resync stops that partition alone).
                     log.error("site %s: partition %s offset %s is no longer in the log: %s",
                               site, m.partition(), m.offset(), err)
                     self.needs_resync = True
@@ -345,7 +339,7 @@ class Site:
             log.warning("site %s: ledger error, pausing %.1fs: %s", self.opts.site, delay,
                         str(e).strip())
             self.ledger.close()
-            self._pause_all()
+            self.consumer.unassign()  # nothing fetched until the resync
             self.unknown = dict(expected)
             self.needs_resync = True
             return
@@ -371,17 +365,10 @@ class Site:
         except Exception:  # noqa: BLE001 - Kafka's view of offsets is not authoritative
             pass
 
-    def _pause_all(self) -> None:
-        assigned = self.consumer.assignment()
-        if assigned:
-            self.consumer.pause(assigned)
-
     def _resync(self) -> bool:
         """After a ledger error, fencing or a position outside the log: read the stored
         offsets, record any retention gap, and restart every owned partition there."""
-        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
-        ids = [tp.partition for tp in self.consumer.assignment()]
+        ids = sorted(self.owned)
         try:
             self._settle_unknown()
             stored = self.ledger.claim(ids) if ids else {}
@@ -396,25 +383,27 @@ class Site:
             log.warning("site %s: cannot resynchronise yet: %s", self.opts.site, str(e).strip())
             return False
         self.expected = {p: stored.get(p, BEGINNING) for p in ids}
-        # assign(), not seek(): a partition whose fetch stopped at an out-of-range position
-        # refuses seek(). The new assignment is the same partitions.
-        tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING if off == BEGINNING else off)
-               for p, off in self.expected.items()]
-        self.consumer.assign(tps)
-        if tps:
-            self.consumer.resume(tps)  # a pause outlives assign(): see _on_assign
-        self._pause_stalled()
+        self._fetch()
         self.needs_resync = False
         log.info("site %s: resynchronised at %s", self.opts.site, stored)
         return True
 
-    def _pause_stalled(self) -> None:
-        from confluent_kafka import TopicPartition
+    def _fetch(self) -> None:
+        """Fetch the owned partitions from their expected positions, less the stalled ones.
 
-        owned = {tp.partition for tp in self.consumer.assignment()}
-        tps = [TopicPartition(self.topic, p) for p in self.stalled if p in owned]
-        if tps:
-            self.consumer.pause(tps)
+        The site never calls pause()/resume(): librdkafka applies them asynchronously under
+        per-partition version barriers, and a resume that races the fetch start of a new
+        assign() can leave a partition assigned but never fetched again, with no error
+        (librdkafka issues #2190 and #5591; seen here as a site stuck on one partition after
+        a PostgreSQL restart, and reproduced under CPU load: 3 of 150 pause-assign-resume
+        cycles). A partition left out of the assignment is stopped at once and for sure;
+        assign(), not seek(), also restarts one whose fetch stopped out of range."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+        self.consumer.assign([
+            TopicPartition(self.topic, p, OFFSET_BEGINNING if off == BEGINNING else off)
+            for p, off in sorted(self.expected.items())
+            if p in self.owned and p not in self.stalled])
 
     def _settle_unknown(self) -> None:
         """A batch that failed with an unknown outcome was stale if another consumer has
@@ -459,8 +448,8 @@ class Site:
             elif off > high:
                 # The log ends before our position (a recreated or truncated topic, a restored
                 # ledger): not a gap we can name, and not ours to skip. This partition alone
-                # is paused (checked again at every resync) until an operator repositions the
-                # site; the other partitions keep going.
+                # is left out of the fetch (checked again at every resync) until an operator
+                # repositions the site; the other partitions keep going.
                 if p not in self.stalled:
                     self.stats["stalled_partitions"] += 1
                     log.error("site %s: partition %d ends at offset %d, before the stored "
