@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from settlement.config import Settings
 from settlement.drills import runner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,3 +106,56 @@ def published_positions(dsn: str, day: str) -> tuple[bytes, int | None]:
         row = conn.execute("select run_id from published_days where trade_date = %s",
                            (day,)).fetchone()
     return data, None if row is None else row[0]
+
+
+@contextmanager
+def kafka_down(settings: Settings) -> Iterator[Settings]:
+    """``settings`` with every Kafka broker unreachable the way a stopped cluster is: each
+    bootstrap server refuses the TCP connection. The ports stay bound (never listening) until
+    the block ends, so nothing else can take them meanwhile; the shared cluster goes on
+    serving the tests that run at the same time, which is why this is no `exclusive` test."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(settings.kafka_brokers):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        servers = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
+        yield settings.model_copy(update={"kafka_bootstrap": servers})
+    finally:
+        for s in socks:
+            s.close()
+
+
+POSITIONS = ("select account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,"
+             " net_cash, trade_count from positions where trade_date = %s order by 1, 2")
+Positions = dict[tuple[str, str], tuple[Any, ...]]
+
+
+def positions_table(dsn: str, day: str) -> Positions:
+    """The published positions of a day: (account, symbol) -> the POSITIONS columns after."""
+    from settlement.db import connect
+
+    with connect(dsn) as conn:
+        return {(r[0], r[1]): tuple(r[2:]) for r in conn.execute(POSITIONS, (day,))}
+
+
+def reference_positions(spec: Any, partitions: int = 6) -> Positions:
+    """The netting in plain Python with Decimal, from the generator's own trades (the day's
+    valid trades, before any duplicate or malformed message the simulator adds): a
+    reference independent of Spark and of SQL."""
+    from settlement.simulator.gateway import DayGenerator
+
+    acc: dict[tuple[str, str], list[Any]] = defaultdict(
+        lambda: [0, 0, Decimal(0), Decimal(0), 0])
+    for t in DayGenerator(spec, partitions).trades():
+        amount = t.price * t.quantity
+        b = acc[(t.buyer, t.symbol)]
+        b[0] += t.quantity
+        b[2] += amount
+        b[4] += 1
+        s = acc[(t.seller, t.symbol)]
+        s[1] += t.quantity
+        s[3] += amount
+        s[4] += 1
+    return {k: (v[0], v[1], v[0] - v[1], v[2], v[3], v[3] - v[2], v[4]) for k, v in acc.items()}

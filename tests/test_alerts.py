@@ -98,12 +98,12 @@ def webhook(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict]]:
         server.shutdown()
 
 
-def _run_eod(iso, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto"):
+def _run_eod(settings, day: str, monkeypatch: pytest.MonkeyPatch, source: str = "auto"):
     from airflow.dag_processing.dagbag import DagBag
 
     from settlement.orchestration.tasks import airflow_connections
 
-    for k, v in airflow_connections(iso.settings).items():
+    for k, v in airflow_connections(settings).items():
         monkeypatch.setenv(k, v)
     from settlement.orchestration.dagtest import without_deadlines
 
@@ -138,21 +138,17 @@ def airflow_db() -> None:
 
 
 @pytest.mark.services
-@pytest.mark.exclusive  # stops the Kafka cluster every test shares
 def test_db_fallback_then_failure_are_mailed_with_date_verdict_and_report_link(
         isolated, tmp_path: Path, airflow_db: None, smtp: Inbox,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from settlement import services
-    from settlement.services.kafka import EmbeddedKafka
-    from tests.helpers import ingest_day
+    from tests.helpers import ingest_day, kafka_down
 
     day = "2026-11-24"
     ingest_day(isolated.env, tmp_path, day, ["a", "b"], "separate", trades=2000)
 
-    EmbeddedKafka(isolated.settings).stop()
-    try:
+    with kafka_down(isolated.settings) as down:  # the tasks' kafka_default refuses
         # Kafka down: the day is settled from the ledgers, and operations are told so.
-        run = _run_eod(isolated, day, monkeypatch)
+        run = _run_eod(down, day, monkeypatch)
         assert str(run.state) == "success", run.state
         run_id, report = _latest_run(isolated.settings.settlement_dsn, day)
         (mail,) = smtp.wait(1)
@@ -165,10 +161,8 @@ def test_db_fallback_then_failure_are_mailed_with_date_verdict_and_report_link(
 
         # An operator insists on Kafka while it is still down: choose_source fails (after its
         # retries) and the failure is mailed, with the day's standing (run 1 published it).
-        failed = _run_eod(isolated, day, monkeypatch, source="kafka")
+        failed = _run_eod(down, day, monkeypatch, source="kafka")
         assert str(failed.state) == "failed", failed.state
-    finally:
-        services.up(isolated.settings)
     mails = smtp.wait(2)
     assert len(mails) == 2, [m["Subject"] for m in mails]
     failure = mails[-1]

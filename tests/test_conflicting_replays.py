@@ -17,13 +17,11 @@ from settlement.db import connect
 from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, producer_config
 from tests.conftest import Isolated
-from tests.helpers import start_site, wait_exit
+from tests.helpers import POSITIONS, start_site, wait_exit
 from tests.test_ledger import Builder, _ledger, _rows, _write
 
 pytestmark = pytest.mark.services
 DAY = "2026-10-21"
-POSITIONS = ("select account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,"
-             " net_cash, trade_count from positions where trade_date = %s order by 1, 2")
 
 
 def test_identical_replays_are_duplicates_and_conflicting_ones_dead_letters(

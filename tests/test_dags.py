@@ -222,22 +222,16 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
 
 
 @pytest.mark.services
-@pytest.mark.exclusive  # stops the Kafka cluster every test shares
 def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
         isolated, tmp_path: Path, airflow_db: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from settlement import services
     from settlement.db import connect
-    from settlement.services.kafka import EmbeddedKafka
-    from tests.helpers import ingest_day
+    from tests.helpers import ingest_day, kafka_down
 
     day = "2026-11-30"
     sim = ingest_day(isolated.env, tmp_path, day, ["a", "b"], "separate")
-    EmbeddedKafka(isolated.settings).stop()
-    try:
-        run = _run_eod(isolated, day, monkeypatch)
-    finally:
-        services.up(isolated.settings)
+    with kafka_down(isolated.settings) as down:  # the tasks' kafka_default refuses
+        run = _run_eod(down, day, monkeypatch)
     assert str(run.state) == "success", run.state
     with connect(isolated.settings.settlement_dsn) as conn:
         source, reason, trades, ok, path = conn.execute(

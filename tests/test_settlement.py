@@ -13,9 +13,9 @@ import pytest
 from settlement.db import connect
 from settlement.eod.pipeline import run_eod
 from settlement.eod.sources import NoSource, choose_source
-from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
+from settlement.simulator.gateway import SimulationSpec, simulate
 from tests.conftest import Isolated
-from tests.helpers import published_positions, start_site, wait_exit
+from tests.helpers import POSITIONS, published_positions, reference_positions, start_site, wait_exit
 
 pytestmark = pytest.mark.services
 DATE = "2026-11-25"
@@ -38,26 +38,6 @@ def _table(dsn: str, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql, (DATE,)).fetchall()
 
 
-POSITIONS = ("select account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,"
-             " net_cash, trade_count from positions where trade_date = %s order by 1, 2")
-
-
-def expected_positions() -> dict[tuple[str, str], tuple[Any, ...]]:
-    """The same netting in plain Python with Decimal, from the generator's own trades."""
-    acc: dict[tuple[str, str], list[Any]] = defaultdict(
-        lambda: [0, 0, Decimal(0), Decimal(0), 0])
-    for t in DayGenerator(SPEC, 6).trades():
-        amount = t.price * t.quantity
-        b = acc[(t.buyer, t.symbol)]
-        b[0] += t.quantity
-        b[2] += amount
-        b[4] += 1
-        s = acc[(t.seller, t.symbol)]
-        s[1] += t.quantity
-        s[3] += amount
-        s[4] += 1
-    return {k: (v[0], v[1], v[0] - v[1], v[2], v[3], v[3] - v[2], v[4]) for k, v in acc.items()}
-
 
 def test_kafka_and_database_sources_agree_with_plain_python(settled_day: Isolated) -> None:
     s = settled_day.settings
@@ -75,9 +55,8 @@ def test_kafka_and_database_sources_agree_with_plain_python(settled_day: Isolate
     assert from_db == from_kafka
     assert db["netting_efficiency"] == kafka["netting_efficiency"]
 
-    want = expected_positions()
     got = {(r[0], r[1]): tuple(r[2:]) for r in from_db}
-    assert got == want
+    assert got == reference_positions(SPEC)
     # Invariants: every instrument's quantity and all cash net to zero.
     per_symbol: dict[str, int] = defaultdict(int)
     for (_, sym), v in got.items():

@@ -1,7 +1,9 @@
 """The end of day on a real Spark standalone cluster (a master and two one-core workers on
 loopback), through the production paths: the ``settle eod`` CLI with SETTLE_SPARK_MASTER, and
 the DAG's SparkSubmitOperator on the ``spark_default`` connection. It must publish exactly
-the positions ``local[2]`` publishes, and the master must show the work ran on its workers.
+the positions of the plain-Python reference (the one ``local[2]`` is held to in
+test_settlement, so no local run is repeated here), and the master must show the work ran on
+its workers.
 """
 
 from __future__ import annotations
@@ -21,11 +23,22 @@ import pytest
 
 from settlement.config import Settings
 from settlement.services.spark import EmbeddedSparkCluster, master_json
+from settlement.simulator.gateway import SimulationSpec
 from tests.conftest import Isolated
-from tests.helpers import ROOT, ingest_day, last_json, published_positions
+from tests.helpers import (
+    ROOT,
+    ingest_day,
+    last_json,
+    positions_table,
+    published_positions,
+    reference_positions,
+)
 
 pytestmark = pytest.mark.services
 DATE = "2026-12-02"
+TRADES, SEED = 1500, 5
+# The day ingest_day publishes: its valid trades are the generator's for (date, seed).
+REFERENCE = SimulationSpec(DATE, TRADES, seed=SEED)
 
 
 def _free_port() -> int:
@@ -111,22 +124,22 @@ def _ran_on_the_workers(cluster: Cluster, before: set[str], name: str) -> str:
     return app_id
 
 
-def test_the_cli_settles_a_day_on_the_cluster_exactly_as_local(
-        isolated: Isolated, cluster: Cluster, tmp_path: Path) -> None:
-    sim = ingest_day(isolated.env, tmp_path, DATE, ["a"], "separate", trades=1500)
-    dsn = isolated.settings.settlement_dsn
-    local = _eod({**isolated.env, "SETTLE_SPARK_MASTER": "local[2]"}, tmp_path / "l", "kafka")
-    assert local["trades"] == sim["trades"] and local["published"]
-    local_positions, local_run = published_positions(dsn, DATE)
-    assert local_positions
+def _published_exactly_the_reference(dsn: str) -> int:
+    positions, run = published_positions(dsn, DATE)
+    assert run is not None and positions
+    assert positions_table(dsn, DATE) == reference_positions(REFERENCE)
+    return run
 
+
+def test_the_cli_settles_a_day_on_the_cluster_exactly_as_the_reference(
+        isolated: Isolated, cluster: Cluster, tmp_path: Path) -> None:
+    sim = ingest_day(isolated.env, tmp_path, DATE, ["a"], "separate", trades=TRADES, seed=SEED)
     before = set(_apps(cluster))
     env = {**isolated.env, **cluster.env, "SETTLE_SPARK_MASTER": cluster.url}
     remote = _eod(env, tmp_path / "c", "kafka")
     assert remote["trades"] == sim["trades"] and remote["validation_success"]
-    positions, run = published_positions(dsn, DATE)
-    assert run != local_run  # the cluster's run is the one published now ...
-    assert positions == local_positions  # ... and its positions are byte for byte the same
+    assert remote["malformed"] > 0 and remote["duplicates_removed"] > 0  # a faulty day
+    _published_exactly_the_reference(isolated.settings.settlement_dsn)
     _ran_on_the_workers(cluster, before, f"settlement-{DATE}")
 
 
@@ -135,17 +148,12 @@ def test_the_dag_settles_on_the_cluster_through_spark_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.test_dags import _run_eod
 
-    sim = ingest_day(isolated.env, tmp_path, DATE, ["a"], "separate", trades=1500)
-    local = _eod({**isolated.env, "SETTLE_SPARK_MASTER": "local[2]"}, tmp_path / "l", "db")
-    assert local["trades"] == sim["trades"]
-    local_positions, local_run = published_positions(isolated.settings.settlement_dsn, DATE)
-
+    ingest_day(isolated.env, tmp_path, DATE, ["a"], "separate", trades=TRADES, seed=SEED)
     before = set(_apps(cluster))
     # The spark_default connection points at the master (airflow_connections renders it).
     remote = isolated.settings.model_copy(update={"spark_master": cluster.url})
     monkeypatch.setenv("SETTLE_SPARK_MASTER", cluster.url)
-    run = _run_eod(remote, DATE, monkeypatch, source="db", rerun=True)  # settled locally
+    run = _run_eod(remote, DATE, monkeypatch, source="db")
     assert str(run.state) == "success", run.state
-    positions, run_id = published_positions(isolated.settings.settlement_dsn, DATE)
-    assert run_id != local_run and positions == local_positions
+    _published_exactly_the_reference(isolated.settings.settlement_dsn)
     _ran_on_the_workers(cluster, before, "settlement-db")
