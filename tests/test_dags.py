@@ -243,15 +243,16 @@ def test_eod_dag_falls_back_to_the_database_when_kafka_is_down(
 
 
 @pytest.mark.services
-@pytest.mark.exclusive  # a shared-scheme kill: its takeover time is judged
 def test_failover_drill_dag_runs_a_drill(services, airflow_db: None,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DAG's wiring, with a separate-scheme kill: no takeover time is judged, so it runs
+    beside other tests (the shared-scheme takeover bound is tests/test_drills.py's)."""
     from settlement.orchestration.tasks import airflow_connections
 
     for k, v in airflow_connections(services).items():
         monkeypatch.setenv(k, v)
     dag = _dagbag(ROOT / "dags" / "failover_drill.py").dags["failover_drill"]
-    run = dag.test(run_conf={"scheme": "shared", "fault": "kill", "trades": 6000, "seed": 2,
+    run = dag.test(run_conf={"scheme": "separate", "fault": "kill", "trades": 6000, "seed": 2,
                              "at": 0.5})
     assert str(run.state) == "success", run.state
     ti = run.get_task_instance("run_drill")

@@ -12,7 +12,11 @@ from settlement.drills import drill
 pytestmark = [pytest.mark.services, pytest.mark.exclusive]
 
 
-def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None:
+def test_quick_campaign_loses_and_duplicates_nothing(services: Settings,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # The eod-kill drill's second close waits for the killed close's lease to expire: a
+    # 12 s lease instead of the default 30 s (renewed every 4 s; nothing else runs now).
+    monkeypatch.setenv("SETTLE_CLOSE_LEASE_SECONDS", "12")
     results = drill.run_campaign(runs=5, seed=7, trades=8000, base=services)
     assert {r.spec["fault"] for r in results} == set(drill.FAULTS)
     by_pair = {(r.spec["scheme"], r.spec["fault"]): r for r in results}
@@ -29,7 +33,9 @@ def test_quick_campaign_loses_and_duplicates_nothing(services: Settings) -> None
         # Injected by progress: site A had committed part of its share, not none of it.
         assert "site A had committed" in r.fault_note and "not reached" not in r.fault_note, \
             r.fault_note
-    assert by_pair[("shared", "kill")].rto_seconds <= drill.RTO_TARGET_SECONDS
+    kill = by_pair[("shared", "kill")]
+    assert 0 < kill.rto_seconds <= drill.RTO_TARGET_SECONDS, kill.as_dict()
+    assert "site B's first trade from site A's partitions" in kill.rto_note, kill.rto_note
     pause = by_pair[("shared", "pause")]
     assert "frozen inside a ledger transaction" in pause.fault_note, pause.fault_note
     assert pause.fenced_batches >= 1, pause.as_dict()  # its stale batch was refused
@@ -51,23 +57,17 @@ def test_campaign_plan_puts_failover_faults_in_the_shared_scheme_first() -> None
     assert sorted(pairs) == sorted((f, sc) for f in drill.FAULTS for sc in drill.SCHEMES)
 
 
-def test_shared_kill_takeover_is_fast(services: Settings) -> None:
-    res = drill.run_drill(drill.DrillSpec("shared", "kill", trades=8000, seed=3, at=0.5),
-                          services)
-    assert res.passed, res.as_dict()
-    assert 0 < res.rto_seconds <= drill.RTO_TARGET_SECONDS
-    assert "site B's first trade from site A's partitions" in res.rto_note
-
-
 def test_shared_kill_with_two_processes_per_site(services: Settings) -> None:
     """Four members in the shared group; both of site A's processes die at once, site B's two
-    take their partitions over, and nothing is lost or duplicated."""
+    take their partitions over within the RTO target, and nothing is lost or duplicated (the
+    campaign's shared kill judges the same bound with one process a site)."""
     res = drill.run_drill(drill.DrillSpec("shared", "kill", trades=8000, seed=11, at=0.4,
                                           processes=2), services)
     assert res.passed, res.as_dict()
     assert res.lost == res.duplicated == res.unexpected == res.nonmonotonic == 0
     assert res.kafka_trades == 8000
     assert 0 < res.rto_seconds <= drill.RTO_TARGET_SECONDS, res.as_dict()
+    assert "site B's first trade from site A's partitions" in res.rto_note, res.rto_note
     assert "site A had committed" in res.fault_note, res.fault_note
 
 

@@ -24,6 +24,7 @@ from settlement.services.procs import (
     port_open,
     spawn,
     terminate,
+    terminate_all,
     wait_until,
     write_private,
 )
@@ -287,8 +288,7 @@ class EmbeddedKafka:
         return len(md.brokers) >= n
 
     def stop(self) -> bool:
-        stopped = False
-        # Stop brokers before the controller majority goes away, else shutdown hangs.
-        for node in reversed(self.nodes()):
-            stopped = node.stop() or stopped
-        return stopped
+        # All nodes at once: each is a controller too, so stopping them one by one took the
+        # quorum away from the last, whose shutdown then hung until SIGKILL (35.7 s for
+        # three; together: 6 s, each data log closed cleanly).
+        return terminate_all([node.pidfile for node in self.nodes()], timeout=30)

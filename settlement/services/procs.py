@@ -127,19 +127,36 @@ def spawn(
 
 def terminate(pidfile: PidFile, timeout: float = 30.0, sig: int = signal.SIGTERM) -> bool:
     """Stop the recorded process: ``sig``, then SIGKILL after ``timeout``."""
-    pid = pidfile.alive_pid()
-    if pid is None:
-        pidfile.clear()
-        return False
-    os.kill(pid, sig)
+    return terminate_all([pidfile], timeout, sig)
+
+
+def terminate_all(pidfiles: Sequence[PidFile], timeout: float = 30.0,
+                  sig: int = signal.SIGTERM) -> bool:
+    """Stop the recorded processes together: ``sig`` to each, then SIGKILL to any still
+    running after ``timeout``. True if any was running."""
+    pids = {}
+    for pidfile in pidfiles:
+        pid = pidfile.alive_pid()
+        if pid is None:
+            pidfile.clear()
+            continue
+        os.kill(pid, sig)
+        pids[pid] = pidfile
+
+    def running() -> list[int]:
+        return [pid for pid, f in pids.items() if f.alive_pid() == pid]
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pidfile.alive_pid() == pid:
+    while time.monotonic() < deadline and running():
         time.sleep(0.1)
-    if pidfile.alive_pid() == pid:
+    left = running()
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
+    if left:
         time.sleep(0.2)
-    pidfile.clear()
-    return True
+    for f in pids.values():
+        f.clear()
+    return bool(pids)
 
 
 def write_private(path: Path, text: str) -> None:
