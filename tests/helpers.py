@@ -16,6 +16,7 @@ from typing import Any
 
 from settlement.config import Settings
 from settlement.drills import runner
+from settlement.simulator.gateway import DayGenerator, SimulationSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTLE = [sys.executable, "-m", "settlement.cli"]
@@ -140,12 +141,10 @@ def positions_table(dsn: str, day: str) -> Positions:
         return {(r[0], r[1]): tuple(r[2:]) for r in conn.execute(POSITIONS, (day,))}
 
 
-def reference_positions(spec: Any, partitions: int = 6) -> Positions:
+def reference_positions(spec: SimulationSpec, partitions: int = 6) -> Positions:
     """The netting in plain Python with Decimal, from the generator's own trades (the day's
     valid trades, before any duplicate or malformed message the simulator adds): a
     reference independent of Spark and of SQL."""
-    from settlement.simulator.gateway import DayGenerator
-
     acc: dict[tuple[str, str], list[Any]] = defaultdict(
         lambda: [0, 0, Decimal(0), Decimal(0), 0])
     for t in DayGenerator(spec, partitions).trades():

@@ -168,3 +168,31 @@ def test_each_component_holds_only_its_own_password(services: Settings) -> None:
         dsn = services.for_component(component).settlement_dsn  # type: ignore[arg-type]
         with connect(dsn) as conn:
             assert conn.execute("select current_user").fetchone() == (user,)
+
+
+def test_terminate_all_signals_together_and_kills_what_ignores_it(tmp_path) -> None:
+    """How `services down` stops the Kafka nodes: one signal to each at once, then SIGKILL
+    for any still running at the deadline (no services needed: two real processes)."""
+    import sys
+    import time
+
+    from settlement.services.procs import PidFile, spawn, terminate_all
+
+    polite = "import time; time.sleep(60)"
+    deaf = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('deaf', flush=True); time.sleep(60)")
+    files = []
+    for i, code in enumerate((polite, deaf)):
+        pf = PidFile(tmp_path / f"p{i}.pid")
+        spawn([sys.executable, "-c", code, f"marker-{i}"], tmp_path / f"p{i}.log", pf,
+              marker=f"marker-{i}")
+        files.append(pf)
+    deadline = time.monotonic() + 30  # the deaf one has installed its handler
+    while "deaf" not in (tmp_path / "p1.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    assert terminate_all(files, timeout=2.0) is True
+    took = time.monotonic() - started
+    assert [pf.alive_pid() for pf in files] == [None, None]
+    assert 2.0 <= took < 10, took  # the deaf one waited for the deadline, then SIGKILL
+    assert terminate_all(files, timeout=2.0) is False  # nothing left to stop

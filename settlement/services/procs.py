@@ -134,13 +134,13 @@ def terminate_all(pidfiles: Sequence[PidFile], timeout: float = 30.0,
                   sig: int = signal.SIGTERM) -> bool:
     """Stop the recorded processes together: ``sig`` to each, then SIGKILL to any still
     running after ``timeout``. True if any was running."""
-    pids = {}
+    pids: dict[int, PidFile] = {}
     for pidfile in pidfiles:
         pid = pidfile.alive_pid()
         if pid is None:
             pidfile.clear()
             continue
-        os.kill(pid, sig)
+        _signal(pid, sig)
         pids[pid] = pidfile
 
     def running() -> list[int]:
@@ -151,12 +151,19 @@ def terminate_all(pidfiles: Sequence[PidFile], timeout: float = 30.0,
         time.sleep(0.1)
     left = running()
     for pid in left:
-        os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
     if left:
         time.sleep(0.2)
     for f in pids.values():
         f.clear()
     return bool(pids)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass  # it exited between the check and the signal: what we wanted
 
 
 def write_private(path: Path, text: str) -> None:
