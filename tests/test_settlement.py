@@ -38,7 +38,6 @@ def _table(dsn: str, sql: str) -> list[tuple[Any, ...]]:
         return conn.execute(sql, (DATE,)).fetchall()
 
 
-
 def test_kafka_and_database_sources_agree_with_plain_python(settled_day: Isolated) -> None:
     s = settled_day.settings
     kafka = run_eod(s, DATE, source="auto")

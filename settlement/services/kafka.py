@@ -290,5 +290,5 @@ class EmbeddedKafka:
     def stop(self) -> bool:
         # All nodes at once: each is a controller too, so stopping them one by one took the
         # quorum away from the last, whose shutdown then hung until SIGKILL (35.7 s for
-        # three; together: 6 s, each data log closed cleanly).
+        # three; together: 6.7 s, and every node writes its .kafka_cleanshutdown marker).
         return terminate_all([node.pidfile for node in self.nodes()], timeout=30)
