@@ -15,13 +15,14 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup browser env jars up down status migrate test test-quick test-down lint demo \
-	airflow bench clean
+	airflow bench clean stack-up stack-drill stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
 	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make up | down | status | migrate | lint | bench | clean"
+	@echo "make stack-up | stack-drill DATE=YYYY-MM-DD TRADES=N | stack-down | stack-logs"
 
 setup: env jars
 
@@ -70,18 +71,22 @@ lint: env
 # The suite in two phases on one set of services, started first and stopped last (on
 # failure too): most tests in parallel worker processes (one file per worker at a time:
 # module fixtures and fixed ports stay in one process), then, alone, the tests marked
-# `exclusive` (they stop a shared service or judge a time bound). Both print their slowest
-# tests. TEST_WORKERS=1 runs the first phase in one process.
+# `exclusive` (they stop a shared service or judge a time bound), then, with the embedded
+# services stopped, the docker-compose stack scenario (`stack`: make stack-up, stack-drill,
+# stack-down; needs root). Each prints its slowest tests. TEST_WORKERS=1 runs the first
+# phase in one process.
 TEST_WORKERS ?= 2
 PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 --durations-min=5
 test: setup browser
 	@$(TEST_ENV) $(SETTLE) services up --json >/dev/null
 	@$(TEST_ENV) $(SETTLE) db migrate --json >/dev/null
 	@rc=0; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive" $(PYTEST_ARGS) \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive and not stack" $(PYTEST_ARGS) \
 	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(PYTEST) -m exclusive $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(MAKE) --no-print-directory test-down; exit $$rc
+	$(PYTEST) -m "exclusive and not stack" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(MAKE) --no-print-directory test-down; \
+	$(PYTEST) -m stack $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	exit $$rc
 
 # The tests that need no services (contract, parsers and the parity corpus, config, CLI
 # errors, calendar, layers and lint, report rendering, capacity model): minutes, not half
@@ -96,6 +101,21 @@ test-down:
 
 demo: setup
 	$(SETTLE) demo
+
+# The docker-compose deployment on this machine (root: installs and starts Debian's Docker
+# engine if none runs, builds the images here, writes .env and the TLS certificates). Each
+# prints one JSON object as its last stdout line.
+DATE ?= $(shell date +%F)
+TRADES ?= 20000
+stack-up: setup
+	$(SETTLE) stack up --json
+stack-drill: setup
+	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) --json
+stack-down: env
+	$(SETTLE) stack down --json
+stack-logs:
+	docker compose -p dual-site-settlement logs --tail 200 2>/dev/null || \
+	  .cache/stack/docker-compose-* -p dual-site-settlement logs --tail 200
 
 # Airflow's UI on our DAGs and the embedded services (AIRFLOW_PORT=8080 by default).
 airflow: setup

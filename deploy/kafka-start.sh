@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Starts one apache/kafka KRaft node (broker + controller) with authentication and ACLs.
 #
+# It runs Kafka through its Java main classes (kafka.tools.StorageTool, kafka.Kafka) with
+# /opt/kafka/libs on the class path, not through the image's bin/*.sh wrappers, so the same
+# script starts the official image and the one deploy/local/kafka.Dockerfile builds from
+# Debian's Java and the Maven jars.
+#
 # docker-compose.yml mounts this file read-only and makes it the brokers' entrypoint, because
 # the image's own /etc/kafka/docker/run formats storage without `--add-scram`: in KRaft the
 # SCRAM credentials live in the metadata log, so the first (super) user has to be written
@@ -15,23 +20,36 @@
 #   2. The secret-bearing JAAS entries, from KAFKA_ADMIN_USER / KAFKA_ADMIN_PASSWORD:
 #      SCRAM for the client + inter-broker listener, PLAIN for the controller listener
 #      (SCRAM cannot guard it: controllers talk before the credentials are loaded).
-#   3. admin-client.properties (the admin's SCRAM login) for the healthcheck and operators'
-#      CLI tools: kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties
+#   3. admin-client.properties (the admin's SCRAM login, over TLS when the broker listener is
+#      SASL_SSL: the truststore is the broker's) for the healthcheck and operators' CLI tools:
+#      kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties
 #   4. the storage tool's format --ignore-formatted --add-scram SCRAM-SHA-512=[name=admin,...]
 #      from a private java @argfile (no password in `ps`); a no-op once the volume holds
 #      data: later password changes go through the API.
-#   5. exec kafka-server-start.sh.
+#   5. exec java ... kafka.Kafka server.properties (log4j2 to the console).
 #
 # `kafka-start.sh --render-only DIR` does steps 1-3 into DIR and exits (used by the tests).
+# `kafka-start.sh --health` asks this node's broker listener for its API versions as the
+# admin (the compose healthcheck): only a broker that has loaded the SCRAM users answers.
 set -euo pipefail
 
 render_only=""
 if [[ ${1:-} == "--render-only" ]]; then
   render_only=${2:?usage: kafka-start.sh --render-only DIR}
 fi
-conf_dir=${render_only:-/opt/kafka/config}
+kafka_home=${KAFKA_HOME:-/opt/kafka}
+conf_dir=${render_only:-$kafka_home/config}
 props=$conf_dir/server.properties
 client_props=$conf_dir/admin-client.properties
+classpath="$kafka_home/libs/*"
+
+if [[ ${1:-} == "--health" ]]; then
+  # The broker listener as this node advertises it (BROKER://host:port -> host:port).
+  address=$(sed -n 's/^advertised\.listeners=.*BROKER:\/\/\([^,]*\).*/\1/p' "$props")
+  exec java -Xmx64m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$classpath" \
+    org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "${address:?no BROKER in advertised.listeners}" \
+    --command-config "$client_props" >/dev/null
+fi
 
 die() { echo "kafka-start: $*" >&2; exit 1; }
 
@@ -105,27 +123,49 @@ mkdir -p "$conf_dir"
     "username=\"$admin_user\" password=\"$admin_password\"" \
     "user_$admin_user=\"$admin_password\";"
 } >"$props"
+# The admin client speaks what the broker listener speaks (SASL_PLAINTEXT or SASL_SSL).
+client_protocol=$(sed -n "s/^listener\.security\.protocol\.map=.*\b${broker_listener^^}:\([A-Z_]*\).*/\1/p" "$props")
 {
-  echo "security.protocol=SASL_PLAINTEXT"
+  echo "security.protocol=${client_protocol:-SASL_PLAINTEXT}"
   echo "sasl.mechanism=$scram"
   echo "sasl.jaas.config=$scram_jaas"
+  if [[ ${client_protocol:-} == *SSL ]]; then
+    echo "ssl.truststore.type=${KAFKA_SSL_TRUSTSTORE_TYPE:-PEM}"
+    echo "ssl.truststore.location=${KAFKA_SSL_TRUSTSTORE_LOCATION:?KAFKA_SSL_TRUSTSTORE_LOCATION is not set}"
+  fi
 } >"$client_props"
+# Broker logs to the console (docker logs), as the official image's default.
+cat >"$conf_dir/log4j2.yaml" <<'LOG4J'
+Configuration:
+  Appenders:
+    Console: {name: STDOUT, PatternLayout: {pattern: "[%d] %p %m (%c)%n"}}
+  Loggers:
+    Root: {level: INFO, AppenderRef: [{ref: STDOUT}]}
+    Logger:
+      - {name: kafka.request.logger, level: WARN}
+      - {name: org.apache.kafka.controller, level: INFO}
+LOG4J
 
 if [[ -n $render_only ]]; then
   exit 0
 fi
 
 # The format's arguments carry the admin's password: they go through a private java @argfile
-# (kafka-run-class.sh hands "@file" to java, which expands it before the main class), so the
-# password is never on a command line that `ps` shows.
+# (java expands "@file" before the main class), so the password is never on a command line
+# that `ps` shows.
 argfile=$(mktemp "$conf_dir/format.XXXXXX")  # 0600 (umask 077 above)
 trap 'rm -f "$argfile"' EXIT
-printf '"%s"\n' kafka.tools.StorageTool format --ignore-formatted "--cluster-id=$CLUSTER_ID" \
+printf '"%s"\n' -cp "$classpath" kafka.tools.StorageTool format --ignore-formatted "--cluster-id=$CLUSTER_ID" \
   --config "$props" --add-scram "$scram=[name=$admin_user,password=$admin_password]" >"$argfile"
-/opt/kafka/bin/kafka-run-class.sh "@$argfile"
+java -Xmx256m "-Dlog4j2.configurationFile=$conf_dir/log4j2.yaml" "@$argfile"
 rm -f "$argfile"
 trap - EXIT
 
 # The broker reads the password from server.properties; its environment need not hold it.
 unset KAFKA_ADMIN_PASSWORD admin_password
-exec /opt/kafka/bin/kafka-server-start.sh "$props"
+# The image's kafka-server-start.sh defaults: 1 GiB heap, G1 with short pauses.
+# shellcheck disable=SC2086  # the option variables hold several words each
+exec java ${KAFKA_HEAP_OPTS:--Xmx1G -Xms1G} \
+  ${KAFKA_JVM_PERFORMANCE_OPTS:--server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true} \
+  ${KAFKA_OPTS:-} "-Dlog4j2.configurationFile=$conf_dir/log4j2.yaml" \
+  -cp "$classpath" kafka.Kafka "$props"

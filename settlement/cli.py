@@ -224,6 +224,37 @@ def cmd_services(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     return services.status(s)
 
 
+def _project_root() -> Path:
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "docker-compose.yml").exists():
+        raise ConfigError("settle stack works from a checkout (it needs docker-compose.yml, "
+                          "deploy/ and the Dockerfile): run it there, e.g. `make stack-up`")
+    return root
+
+
+def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.stack import compose
+
+    def log(message: str) -> None:
+        _console().print(f"[dim]stack:[/] {message}", highlight=False)
+
+    root = _project_root()
+    if args.action == "up":
+        return compose.up(root, log, cron=args.cron)
+    if args.action == "down":
+        return compose.down(root, log)
+    if not args.date:
+        raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make stack-drill "
+                          "DATE=2026-03-02 TRADES=20000)")
+    from settlement.stack.drill import run_stack_drill
+
+    stack = compose.open_stack(root, log)
+    result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+    if not result["passed"]:
+        raise CommandFailed("the stack drill failed: see lost/duplicated/dag_run_state", result)
+    return result
+
+
 def cmd_kafka(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.kafka.security import Grant, init
 
@@ -420,6 +451,7 @@ COMMANDS: dict[str, Handler] = {
     "validate": cmd_validate,
     "drill": cmd_drill,
     "services": cmd_services,
+    "stack": cmd_stack,
     "db": cmd_db,
     "kafka": cmd_kafka,
     "airflow-users": cmd_airflow_users,
@@ -488,6 +520,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="up: also a standalone Spark master and SETTLE_SPARK_WORKERS one-core "
                          "workers on loopback (then SETTLE_SPARK_MASTER=spark_master_url); "
                          "down stops them whenever they run")
+
+    sp = add("stack", "the docker-compose deployment on this machine (images built here, "
+                      "host networking on loopback)")
+    sp.add_argument("action", choices=["up", "down", "drill"],
+                    help="up: engine, images, .env, certificates, then every service healthy; "
+                         "down: remove containers and volumes; drill: a faulty day, site-a "
+                         "killed, the close run by the stack's scheduler")
+    sp.add_argument("--date", type=_date, help="drill: the trade date (YYYY-MM-DD)")
+    sp.add_argument("--trades", type=int, default=20_000, help="drill: trades in the day")
+    sp.add_argument("--seed", type=int, default=7, help="drill: the simulator's seed")
+    sp.add_argument("--cron", default="none",
+                    help="up: eod_settlement's schedule in the stack (a cron expression, or "
+                         "none: runs only when created)")
 
     sp = add("db", "database schema and login users (as the admin)")
     sp.add_argument("action", choices=["migrate", "schema", "users"],

@@ -197,6 +197,8 @@ class Settings(BaseSettings):
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
                                    "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")
+    eod_cron: str = Field("", description="a cron expression replacing the calendar "
+                          "(weekdays regardless of holidays), or none: manual runs only")
     eod_after_close_minutes: int = Field(30, ge=0, le=720,
                                          description="run eod_settlement this long after "
                                                      "each session's close")

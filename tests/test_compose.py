@@ -184,8 +184,11 @@ def test_volumes_are_declared_and_mounted_files_exist() -> None:
     declared = set(COMPOSE.get("volumes") or {})
     for name, svc in SERVICES.items():
         for mount in svc.get("volumes", []):
-            source = str(mount).split(":")[0]
-            if source.startswith(("./", "/")):
+            source = _interpolate(str(mount), {}).split(":")[0]
+            if source == "./certs":  # made by deploy/make-certs.sh, never committed
+                assert (ROOT / "deploy" / "make-certs.sh").exists()
+                assert str(mount) == "${SETTLE_CERTS_DIR:-./certs}:/certs:ro", name
+            elif source.startswith(("./", "/")):
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
                 assert str(mount).endswith(":ro"), f"{name}: mount {source} read-only"
             else:
@@ -285,15 +288,19 @@ def test_kafka_brokers_bootstrap_scram_through_the_start_script() -> None:
     script = ROOT / "deploy" / "kafka-start.sh"
     text = script.read_text()
     assert "--add-scram" in text and "--ignore-formatted" in text
-    assert "exec /opt/kafka/bin/kafka-server-start.sh" in text
+    # Java main classes, not the image's bin/*.sh: the same script runs the official image
+    # and the one built from Debian's Java and the Maven jars (deploy/local/kafka.Dockerfile).
+    assert "kafka.tools.StorageTool format" in text and "kafka.Kafka" in text
+    assert "/opt/kafka/bin" not in text
     for name in BROKERS:
         svc = SERVICES[name]
         assert svc["image"].startswith("apache/kafka:")
         assert "./deploy/kafka-start.sh:/opt/settle/kafka-start.sh:ro" in svc["volumes"]
         assert svc["entrypoint"][-1] == "/opt/settle/kafka-start.sh"
-        # The healthcheck logs in as the admin (the script writes the client config).
-        assert "--command-config /opt/kafka/config/admin-client.properties" in \
-            " ".join(svc["healthcheck"]["test"])
+        # The healthcheck logs in as the admin over TLS (the script's --health mode uses the
+        # client config it wrote).
+        assert svc["healthcheck"]["test"][-2:] == ["/opt/settle/kafka-start.sh", "--health"]
+        assert "--command-config \"$client_props\"" in text
 
 
 def _render_broker(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
@@ -320,8 +327,11 @@ def test_kafka_start_script_renders_the_broker_config(tmp_path: Path) -> None:
     server = _properties(tmp_path / "server.properties")
     assert server["node.id"] == "1"
     assert server["process.roles"] == "broker,controller"
-    assert server["listener.security.protocol.map"] == \
-        "BROKER:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT"
+    # Every listener encrypted and authenticated; the broker's PEM keystore, the CA to trust.
+    assert server["listener.security.protocol.map"] == "BROKER:SASL_SSL,CONTROLLER:SASL_SSL"
+    assert server["ssl.keystore.type"] == "PEM"
+    assert server["ssl.keystore.location"] == "/certs/kafka-1.pem"
+    assert server["ssl.truststore.location"] == "/certs/ca.crt"
     assert server["authorizer.class.name"] == STANDARD_AUTHORIZER
     assert server["allow.everyone.if.no.acl.found"] == "false"
     assert server["super.users"] == "User:admin"
@@ -337,7 +347,8 @@ def test_kafka_start_script_renders_the_broker_config(tmp_path: Path) -> None:
     # Credentials are not properties of their own; the cluster id goes to `format` only.
     assert not any(k.startswith(("admin.", "cluster.id")) for k in server)
     client = _properties(tmp_path / "admin-client.properties")
-    assert client["security.protocol"] == "SASL_PLAINTEXT"
+    assert client["security.protocol"] == "SASL_SSL"
+    assert client["ssl.truststore.location"] == "/certs/ca.crt"
     assert client["sasl.mechanism"] == "SCRAM-SHA-512"
     assert client["sasl.jaas.config"] == scram
     for f in ("server.properties", "admin-client.properties"):
@@ -359,8 +370,10 @@ def test_kafka_init_creates_one_least_privilege_user_per_component() -> None:
     from settlement.kafka.security import ROLES
 
     assert {role for role, _ in grants.values()} == set(ROLES)
+    # One user per service that talks to Kafka, and the read-only auditor (no service: it is
+    # for auditors' own clients, `make stack-up` prints its settings).
     assert {user: role for user, (role, _) in grants.items()} == \
-        {user: role for user, role in KAFKA_USERS.values()}
+        {user: role for user, role in KAFKA_USERS.values()} | {"auditor": "auditor"}
     for user, (_, password_env) in grants.items():
         assert _ref(env.get(password_env)) == password_env, f"{user}: pass {password_env}"
     # kafka-init itself is the admin.
@@ -446,7 +459,7 @@ def test_airflow_components_share_metadata_db_and_secrets() -> None:
     manager = _shared("AIRFLOW__CORE__AUTH_MANAGER")
     assert manager == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
     assert importlib.util.find_spec(manager.rsplit(".", 1)[0])
-    assert _shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL") == \
+    assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL"), {}) == \
         "http://airflow-apiserver:8080/execution/"
     # The UI logins' passwords reach the one-shot airflow-users only.
     for name, svc in SERVICES.items():
@@ -489,7 +502,8 @@ def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> N
     # except what their own part needs: the api-server reads the settlement database for the
     # audit-report pages, the triggerer for the "not settled" alert's verdict.
     shared_ops = {"SETTLE_DRILLS_ENABLED", "SETTLE_EXCHANGE_CALENDAR",
-                  "SETTLE_EOD_AFTER_CLOSE_MINUTES", "SETTLE_EOD_CUTOFF_MINUTES"}
+                  "SETTLE_EOD_AFTER_CLOSE_MINUTES", "SETTLE_EOD_CUTOFF_MINUTES",
+                  "SETTLE_EOD_CRON"}
     allowed = {"airflow-apiserver": {"AIRFLOW_CONN_SETTLEMENT_DB"},
                "airflow-dag-processor": set(),
                "airflow-triggerer": {"SETTLE_PG_DSN", "SETTLE_ALERT_EMAIL",

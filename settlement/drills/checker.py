@@ -221,10 +221,12 @@ def wait_for_owners(dsns: dict[str, str], timeout: float) -> bool:
 
 def wait_for_share(dsn: str, site: str, per_partition: dict[int, int], fraction: float,
                    timeout: float, own_all: bool = False,
-                   alive: Callable[[], bool] = lambda: True) -> Progress:
+                   alive: Callable[[], bool] = lambda: True,
+                   trade_date: str | None = None) -> Progress:
     """Wait until ``site`` has committed ``fraction`` of its share of the day: the trades on
     the partitions it owns by its latest heartbeat (``own_all``: every partition, as in the
-    separate scheme). Gives up after ``timeout`` seconds or when ``alive()`` turns false."""
+    separate scheme), of ``trade_date`` if given (a ledger holding several days). Gives up
+    after ``timeout`` seconds or when ``alive()`` turns false."""
     t0 = time.monotonic()
     committed, share, parts = 0, 0, tuple(sorted(per_partition)) if own_all else ()
     with connect(dsn, autocommit=True) as conn:
@@ -233,7 +235,8 @@ def wait_for_share(dsn: str, site: str, per_partition: dict[int, int], fraction:
                 row = conn.execute(q("drill", "site_partitions"), {"site": site}).fetchone()
                 parts = tuple(sorted(row[0])) if row else ()
             share = sum(per_partition.get(p, 0) for p in parts)
-            row = conn.execute(q("drill", "site_trades"), {"site": site}).fetchone()
+            row = conn.execute(q("drill", "site_trades"),
+                               {"site": site, "trade_date": trade_date}).fetchone()
             committed = int(row[0]) if row else 0
             reached = share > 0 and committed >= fraction * share
             waited = time.monotonic() - t0

@@ -26,13 +26,14 @@ from typing import Any
 from settlement.config import ConfigError, Settings, env_password, split_grant
 from settlement.contract import TRANSACTIONAL_ID, group_id
 
-ROLES = ("gateway", "site-a", "site-b", "settlement")
+ROLES = ("gateway", "site-a", "site-b", "settlement", "auditor")
 # Iterations for new SCRAM credentials: Kafka accepts 4096 (its minimum) to 16384; more
 # iterations cost the broker more per login and an attacker more per guessed password.
 SCRAM_ITERATIONS = 8192
 # Settlement's consumer groups (prefixes): the source chooser's probe and Spark's batch Kafka
 # source (which names its internal groups spark-kafka-relation-...). It reads by assignment.
 SETTLEMENT_GROUP_PREFIXES = ("eod-probe-", "spark-kafka-")
+AUDITOR_GROUP_PREFIX = "audit-"
 _USER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -91,6 +92,8 @@ def role_acls(role: str, user: str, topic: str) -> list[Any]:
     if role == "settlement":
         for prefix in SETTLEMENT_GROUP_PREFIXES:
             acls.append(allow(ResourceType.GROUP, prefix, pre, AclOperation.READ))
+    if role == "auditor":  # reads the topic; its own consumer groups, if any, start audit-
+        acls.append(allow(ResourceType.GROUP, AUDITOR_GROUP_PREFIX, pre, AclOperation.READ))
     return acls
 
 

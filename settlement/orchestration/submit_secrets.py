@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from settlement.config import ConfigError
 from settlement.services.procs import write_private
@@ -52,7 +52,26 @@ def split_password(dsn: str, passfile: str, force: bool = False) -> tuple[str, s
         line = ":".join(_escape(x) for x in (
             info.get("host", "*"), info.get("port", "5432"), info.get("dbname", "*"),
             info.get("user", "*"), password))
-    return make_conninfo(**info), line
+    return _url(info), line
+
+
+def _url(info: dict[str, str]) -> str:
+    """Conninfo fields as a postgresql:// URL: the job's settings accept DSNs only in that
+    form (a key=value string was refused, so a deployment whose DSNs carry passwords could
+    not settle: found by the first start of docker-compose.yml)."""
+    from urllib.parse import quote, urlencode
+
+    info = dict(info)
+    user = quote(info.pop("user", ""), safe="")
+    host = info.pop("host", "")
+    port = info.pop("port", "")
+    dbname = quote(info.pop("dbname", ""), safe="")
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    netloc = (f"{user}@" if user else "") + host + (f":{port}" if port else "")
+    # %20, not "+" (libpq reads "+" literally); "/" kept, so paths stay readable.
+    query = urlencode(info, quote_via=lambda v, *_: quote(v, safe="/"))
+    return f"postgresql://{netloc}/{dbname}" + (f"?{query}" if query else "")
 
 
 def secure_env(env: Mapping[str, str], master: str, deploy_mode: str | None,

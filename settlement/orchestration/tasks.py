@@ -107,7 +107,7 @@ def eod_schedule(settings: Settings) -> Any:
     manual runs only."""
     from settlement.orchestration.calendar import TradingDayTimetable
 
-    cron = os.environ.get("SETTLE_EOD_CRON", "").strip()
+    cron = settings.eod_cron.strip()
     if cron.lower() == "none":
         return None
     if cron:

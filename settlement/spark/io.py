@@ -34,6 +34,11 @@ def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
     password = dsn_password(dsn)  # the DSN's own, or its pgpass file's (embedded server)
     if password:
         props["password"] = password
+    # TLS as libpq was told (the deployment's verify-full against its CA): pgjdbc takes the
+    # same names and the same PEM files.
+    for key in ("sslmode", "sslrootcert", "sslcert", "sslkey"):
+        if info.get(key):
+            props[key] = str(info[key])
     return url, props
 
 

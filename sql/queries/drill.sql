@@ -27,8 +27,10 @@ where site = %(site)s and kafka_partition = any(%(partitions)s::int[])
 select min(ingested_at) from trades where ingested_at > %(after)s
 
 -- name: site_trades
--- How many trades a site has committed in this ledger (its progress through the day).
-select count(*) from trades where site = %(site)s
+-- How many trades a site has committed in this ledger (its progress through the day): of
+-- one date, or of all (a drill's namespace holds one day).
+select count(*) from trades
+where site = %(site)s and (%(trade_date)s::date is null or trade_date = %(trade_date)s::date)
 
 -- name: site_partitions
 -- What a site owns now, from its latest heartbeat.

@@ -1,0 +1,4 @@
+"""The docker-compose deployment started on this machine (`make stack-up`, `stack-drill`,
+`stack-down`): docker-compose.yml as shipped, with deploy/local/docker-compose.local.yml on
+top for what only a machine without a container registry needs (images built here from
+Debian's packages, PyPI and Maven Central; host networking on loopback ports)."""

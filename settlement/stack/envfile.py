@@ -1,0 +1,81 @@
+"""The stack's .env: random secrets (0600), kept across runs, and the loopback addresses of
+deploy/local/docker-compose.local.yml. Also its TLS material (deploy/make-certs.sh)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from pathlib import Path
+
+from settlement.stack.engine import run
+
+PASSWORDS = (
+    "SETTLE_PG_ADMIN_PASSWORD", "SETTLE_PG_SITE_A_PASSWORD", "SETTLE_PG_SITE_B_PASSWORD",
+    "SETTLE_PG_SETTLEMENT_PASSWORD", "SETTLE_PG_AUDITOR_PASSWORD", "AIRFLOW_DB_PASSWORD",
+    "KAFKA_ADMIN_PASSWORD", "SETTLE_KAFKA_GATEWAY_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD",
+    "SETTLE_KAFKA_SITE_B_PASSWORD", "SETTLE_KAFKA_SETTLEMENT_PASSWORD",
+    "SETTLE_KAFKA_AUDITOR_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
+    "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+)
+KAFKA_PORTS = (39092, 39093, 39094)
+PG_PORT = 35432
+AIRFLOW_PORT = 38080
+HEADER = ("# Written by `make stack-up` (settlement/stack/envfile.py) for the local stack; its\n"
+          "# secrets are kept across runs. Not for production: see .env.example.\n")
+
+
+def read_env(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+                key, _, value = line.partition("=")
+                values[key.strip()] = value.strip()
+    return values
+
+
+def _fernet_key() -> str:
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
+
+
+def local_settings(certs: Path, cron: str) -> dict[str, str]:
+    """What is not secret: where the services listen here, the TLS folder, the scheduling."""
+    airflow = f"http://127.0.0.1:{AIRFLOW_PORT}"
+    return {
+        "KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{p}" for p in KAFKA_PORTS),
+        "PG_ADDRESS": f"127.0.0.1:{PG_PORT}",
+        "AIRFLOW_INTERNAL_URL": airflow,
+        "AIRFLOW_BASE_URL": airflow,
+        "SETTLE_CERTS_DIR": str(certs),
+        "SETTLE_SCHEME": "shared",
+        "SETTLE_TOPIC": "trades",
+        "SETTLE_PARTITIONS": "6",
+        # Manual runs only unless a soak asks for a cron: a calendar run created on unpausing
+        # would wait for a day nobody publishes and hold the DAG's single active run.
+        "SETTLE_EOD_CRON": cron,
+        # Shorter than production's 30 s so a killed close is taken over within a drill.
+        "SETTLE_CLOSE_LEASE_SECONDS": "12",
+    }
+
+
+def write_env(path: Path, certs: Path, cron: str = "none") -> dict[str, str]:
+    """Create or complete the stack's .env (secrets kept, addresses rewritten); 0600."""
+    old = read_env(path)
+    values = {name: old.get(name) or secrets.token_hex(24) for name in PASSWORDS}
+    values["AIRFLOW_FERNET_KEY"] = old.get("AIRFLOW_FERNET_KEY") or _fernet_key()
+    values["KAFKA_CLUSTER_ID"] = (old.get("KAFKA_CLUSTER_ID") or base64.urlsafe_b64encode(
+        secrets.token_bytes(16)).decode().rstrip("="))
+    values["KAFKA_ADMIN_USER"] = "admin"
+    values["AIRFLOW_ADMIN_USER"] = "admin"
+    values.update(local_settings(certs, cron))
+    text = HEADER + "".join(f"{k}={v}\n" for k, v in values.items())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+    return values
+
+
+def make_certs(root: Path, certs: Path) -> None:
+    run(["bash", str(root / "deploy" / "make-certs.sh"), str(certs)], timeout=120)
