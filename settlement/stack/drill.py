@@ -113,7 +113,7 @@ def run_stack_drill(stack: Stack, trade_date: str, trades: int, log: Log, seed: 
         "trade_date": trade_date,
         "site_killed": "site-a",
         "killed_at": progress.describe(),
-        "trades": len(day.trades),
+        "trade_messages": len(day.trades),  # valid committed copies, replays included
         "lost": len(check.lost),
         "duplicated": len(check.duplicated),
         "unexpected": len(check.unexpected),
