@@ -43,12 +43,16 @@ class Stack:
     def certs(self) -> Path:
         return self.state / "certs"
 
+    def compose_argv(self, *args: str) -> list[str]:
+        """docker compose on the production file with the local override and the stack's .env."""
+        return [*self.compose_cmd, "-p", PROJECT, "--project-directory", str(self.root),
+                "-f", str(self.root / "docker-compose.yml"), "-f", str(self.root / OVERRIDE),
+                "--env-file", str(self.env_path), *args]
+
     def compose(self, *args: str, check: bool = True, timeout: float = 900,
                 capture: bool = True) -> Any:
-        return run([*self.compose_cmd, "-p", PROJECT, "--project-directory", str(self.root),
-                    "-f", str(self.root / "docker-compose.yml"), "-f", str(self.root / OVERRIDE),
-                    "--env-file", str(self.env_path), *args],
-                   check=check, timeout=timeout, capture=capture, cwd=self.root)
+        return run(self.compose_argv(*args), check=check, timeout=timeout, capture=capture,
+                   cwd=self.root)
 
     def env(self) -> dict[str, str]:
         return envfile.read_env(self.env_path)

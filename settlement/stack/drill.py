@@ -55,12 +55,10 @@ def stack_settings(stack: Stack) -> Settings:
 def publish_day(stack: Stack, trade_date: str, trades: int, seed: int) -> subprocess.Popen[str]:
     """The gateway container publishing the faulty day (in the background: sites consume it
     as it arrives)."""
-    cmd = [*stack.compose_cmd, "-p", "dual-site-settlement", "--project-directory",
-           str(stack.root), "-f", str(stack.root / "docker-compose.yml"), "-f",
-           str(stack.root / "deploy/local/docker-compose.local.yml"), "--env-file",
-           str(stack.env_path), "--profile", "simulator", "run", "--rm", "--no-deps", "gateway",
-           "simulate", "--date", trade_date, "--trades", str(trades), "--seed", str(seed),
-           "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.02", "--json"]
+    cmd = stack.compose_argv(
+        "--profile", "simulator", "run", "--rm", "--no-deps", "gateway",
+        "simulate", "--date", trade_date, "--trades", str(trades), "--seed", str(seed),
+        "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.02", "--json")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=stack.root)
 
