@@ -15,14 +15,14 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup browser env jars up down status migrate test test-quick test-down lint demo \
-	airflow bench clean stack-up stack-drill stack-down stack-logs
+	airflow bench clean stack-up stack-drill stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
 	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make up | down | status | migrate | lint | bench | clean"
-	@echo "make stack-up | stack-drill DATE=YYYY-MM-DD TRADES=N | stack-down | stack-logs"
+	@echo "make stack-up | stack-drill DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
 setup: env jars
 
@@ -111,6 +111,10 @@ stack-up: setup
 	$(SETTLE) stack up --json
 stack-drill: setup
 	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) --json
+DAYS ?= 3
+MINUTES ?= 4
+stack-soak: setup
+	$(SETTLE) stack soak --days $(DAYS) --minutes $(MINUTES) --trades $(TRADES) --json
 stack-down: env
 	$(SETTLE) stack down --json
 stack-logs:

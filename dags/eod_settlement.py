@@ -4,7 +4,8 @@
 Runs on the exchange's trading days only (`SETTLE_EXCHANGE_CALENDAR`, default `XNYS`:
 holidays and weekends skipped), `SETTLE_EOD_AFTER_CLOSE_MINUTES` (default 30) after each
 session's close, early closes included; `SETTLE_EOD_CRON` replaces that with a cron
-expression, or `none` for manual runs only. It settles one trade date:
+expression, or `none` for manual runs only (and, in soak tests only, `SETTLE_EOD_COMPRESSED`
+with compressed trading days). It settles one trade date:
 
 1. **wait_for_close**: a reschedule-mode sensor until a ledger holds every partition's
    market-close marker for the day;

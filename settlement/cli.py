@@ -243,15 +243,21 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         return compose.up(root, log, cron=args.cron)
     if args.action == "down":
         return compose.down(root, log)
-    if not args.date:
-        raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make stack-drill "
-                          "DATE=2026-03-02 TRADES=20000)")
-    from settlement.stack.drill import run_stack_drill
-
     stack = compose.open_stack(root, log)
-    result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+    if args.action == "soak":
+        from settlement.stack.soak import run_soak
+
+        result = run_soak(stack, args.days, args.trades, args.minutes, log, seed=args.seed)
+    else:
+        if not args.date:
+            raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make "
+                              "stack-drill DATE=2026-03-02 TRADES=20000)")
+        from settlement.stack.drill import run_stack_drill
+
+        result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
     if not result["passed"]:
-        raise CommandFailed("the stack drill failed: see lost/duplicated/dag_run_state", result)
+        raise CommandFailed(f"the stack {args.action} failed: see lost/duplicated/"
+                            "dag_run_state", result)
     return result
 
 
@@ -523,13 +529,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("stack", "the docker-compose deployment on this machine (images built here, "
                       "host networking on loopback)")
-    sp.add_argument("action", choices=["up", "down", "drill"],
+    sp.add_argument("action", choices=["up", "down", "drill", "soak"],
                     help="up: engine, images, .env, certificates, then every service healthy; "
                          "down: remove containers and volumes; drill: a faulty day, site-a "
-                         "killed, the close run by the stack's scheduler")
+                         "killed, the close run by the stack's scheduler; soak: --days "
+                         "compressed trading days, each close created by the scheduler from "
+                         "its timetable, a random site killed in each")
     sp.add_argument("--date", type=_date, help="drill: the trade date (YYYY-MM-DD)")
-    sp.add_argument("--trades", type=int, default=20_000, help="drill: trades in the day")
-    sp.add_argument("--seed", type=int, default=7, help="drill: the simulator's seed")
+    sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
+    sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
+    sp.add_argument("--days", type=int, default=3, help="soak: trading days")
+    sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
+                    help="soak: minutes between two closes")
     sp.add_argument("--cron", default="none",
                     help="up: eod_settlement's schedule in the stack (a cron expression, or "
                          "none: runs only when created)")

@@ -7,9 +7,12 @@ points every command at external services instead.
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -103,6 +106,51 @@ class ConfigError(ValueError):
     """A configuration value is wrong; the message names the variable and the fix."""
 
 
+@dataclass(frozen=True)
+class CompressedDays:
+    """A test calendar for soaks (``SETTLE_EOD_COMPRESSED=BASE@ANCHOR/MINUTES``): a close every
+    ``minutes`` minutes, the one in the slot starting ``k`` slots after ``anchor`` settling the
+    ``k``-th weekday from ``base``. Three trading days then pass in three slots."""
+
+    base: dt.date
+    anchor: dt.datetime  # aware
+    minutes: int
+
+    SHAPE = "YYYY-MM-DD@ISO-8601-TIME/MINUTES, e.g. 2026-04-01@2026-11-25T16:00:00+00:00/4"
+
+    @classmethod
+    def parse(cls, text: str) -> CompressedDays:
+        try:
+            base, rest = text.split("@", 1)
+            anchor, minutes = rest.rsplit("/", 1)
+            out = cls(dt.date.fromisoformat(base), dt.datetime.fromisoformat(anchor),
+                      int(minutes))
+        except ValueError:
+            raise ValueError(f"expected {cls.SHAPE}") from None
+        if out.anchor.tzinfo is None:
+            raise ValueError(f"the anchor needs a UTC offset: {cls.SHAPE}")
+        if not (1 <= out.minutes <= 60 and 60 % out.minutes == 0):
+            raise ValueError("MINUTES must divide 60 (the schedule is the cron */MINUTES)")
+        return out
+
+    @property
+    def cron(self) -> str:
+        return f"*/{self.minutes} * * * *"
+
+    def trade_date(self, when: dt.datetime) -> str:
+        """The trading day the slot holding ``when`` settles (weekdays from ``base``)."""
+        k = math.floor((when - self.anchor).total_seconds() / (self.minutes * 60))
+        day = self.base
+        while day.weekday() >= 5:
+            day += dt.timedelta(days=1)
+        step = 1 if k >= 0 else -1
+        for _ in range(abs(k)):
+            day += dt.timedelta(days=step)
+            while day.weekday() >= 5:
+                day += dt.timedelta(days=step)
+        return day.isoformat()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SETTLE_", extra="ignore")
 
@@ -125,7 +173,9 @@ class Settings(BaseSettings):
     kafka_heap: str = "768m"
     topic: str = "trades"
     partitions: int = Field(6, ge=1, le=1000)
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    # Unset: SASL_PLAINTEXT (SCRAM). Every client authenticates unless PLAINTEXT is chosen
+    # explicitly; the embedded broker's admin credentials are made on its first start.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
     kafka_sasl_username: str | None = None
     kafka_sasl_password: str | None = None
@@ -199,6 +249,9 @@ class Settings(BaseSettings):
                                    "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")
     eod_cron: str = Field("", description="a cron expression replacing the calendar "
                           "(weekdays regardless of holidays), or none: manual runs only")
+    eod_compressed: str = Field("", description="soaks only: BASE@ANCHOR/MINUTES, a close "
+                                "every MINUTES minutes, each settling the next weekday from "
+                                "BASE (overrides the calendar and eod_cron)")
     eod_after_close_minutes: int = Field(30, ge=0, le=720,
                                          description="run eod_settlement this long after "
                                                      "each session's close")
@@ -242,7 +295,7 @@ class Settings(BaseSettings):
             raise ValueError("expected up to 40 lower-case letters, digits or '_'")
         return v
 
-    @field_validator("alert_email", "alert_webhook", mode="before")
+    @field_validator("alert_email", "alert_webhook", "kafka_security_protocol", mode="before")
     @classmethod
     def _blank_is_unset(cls, v: object) -> object:
         return None if v == "" else v
@@ -261,6 +314,13 @@ class Settings(BaseSettings):
     def _gx_dir(cls, v: object) -> object:
         return None if v == "" else v
 
+    @field_validator("eod_compressed")
+    @classmethod
+    def _compressed(cls, v: str) -> str:
+        if v.strip():
+            CompressedDays.parse(v.strip())
+        return v.strip()
+
     @field_validator("kafka_brokers")
     @classmethod
     def _brokers(cls, v: int) -> int:
@@ -274,16 +334,52 @@ class Settings(BaseSettings):
         return self.kafka_bootstrap is None
 
     @property
+    def kafka_protocol(self) -> str:
+        """The security protocol in force: SASL_PLAINTEXT unless one was chosen."""
+        return self.kafka_security_protocol or "SASL_PLAINTEXT"
+
+    @property
+    def kafka_credentials_file(self) -> Path:
+        """The embedded broker's admin credentials (user, password), made on its first start."""
+        return self.state_dir / "kafka-admin.credentials"
+
+    def kafka_credentials(self) -> tuple[str, str] | None:
+        """Who SASL clients log in as: SETTLE_KAFKA_SASL_USERNAME/PASSWORD, else the embedded
+        broker's admin (its credentials file in the state directory), else nobody."""
+        if self.kafka_sasl_username and self.kafka_sasl_password:
+            return self.kafka_sasl_username, self.kafka_sasl_password
+        if self.kafka_credentials_file.exists():
+            user, password = self.kafka_credentials_file.read_text().splitlines()[:2]
+            return user, password
+        return None
+
+    def embedded_kafka_admin(self) -> tuple[str, str]:
+        """The embedded broker's super user: the configured one, else ``admin`` with a random
+        password kept in ``kafka_credentials_file`` (0600)."""
+        found = self.kafka_credentials()
+        if found:
+            return found
+        import secrets
+
+        password = secrets.token_hex(24)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.kafka_credentials_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"admin\n{password}\n")
+        return "admin", password
+
+    @property
     def embedded_sasl(self) -> bool:
-        """The embedded broker authenticates clients (SCRAM) and enforces ACLs: chosen by
-        setting SETTLE_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT with the admin's user name
-        and password, which the broker is bootstrapped with as its super user."""
-        if not self.embedded_kafka or self.kafka_security_protocol == "PLAINTEXT":
+        """The embedded broker authenticates clients (SCRAM) and enforces ACLs: the default.
+        Its super user is SETTLE_KAFKA_SASL_USERNAME/PASSWORD if set, else ``admin`` with a
+        password made on first start (``kafka_credentials_file``). PLAINTEXT (no
+        authentication) only when SETTLE_KAFKA_SECURITY_PROTOCOL=PLAINTEXT says so."""
+        if not self.embedded_kafka or self.kafka_protocol == "PLAINTEXT":
             return False
-        if self.kafka_security_protocol != "SASL_PLAINTEXT":
+        if self.kafka_protocol != "SASL_PLAINTEXT":
             raise ConfigError(
-                f"SETTLE_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}: the embedded "
-                "broker speaks PLAINTEXT or SASL_PLAINTEXT; for TLS point "
+                f"SETTLE_KAFKA_SECURITY_PROTOCOL={self.kafka_protocol}: the embedded "
+                "broker speaks SASL_PLAINTEXT (the default) or PLAINTEXT; for TLS point "
                 "SETTLE_KAFKA_BOOTSTRAP at a real cluster"
             )
         if not self.kafka_sasl_mechanism.startswith("SCRAM"):
@@ -291,13 +387,16 @@ class Settings(BaseSettings):
                 "SETTLE_KAFKA_SASL_MECHANISM: the embedded broker authenticates with "
                 "SCRAM-SHA-256 or SCRAM-SHA-512"
             )
+        if bool(self.kafka_sasl_username) != bool(self.kafka_sasl_password):
+            raise ConfigError("SETTLE_KAFKA_SASL_USERNAME and SETTLE_KAFKA_SASL_PASSWORD: set "
+                              "both (the embedded broker's super user) or neither (it makes "
+                              "its own admin)")
         for var, value in (("USERNAME", self.kafka_sasl_username),
                            ("PASSWORD", self.kafka_sasl_password)):
-            if not value or not _SASL_SAFE.match(value):
+            if value and not _SASL_SAFE.match(value):
                 raise ConfigError(
-                    f"SETTLE_KAFKA_SASL_{var}: the embedded broker needs it set, using only "
-                    "letters, digits and ._-+/@%^*~ (it is written into the broker's JAAS "
-                    "configuration)"
+                    f"SETTLE_KAFKA_SASL_{var}: the embedded broker needs only letters, digits "
+                    "and ._-+/@%^*~ (it is written into the broker's JAAS configuration)"
                 )
         return True
 
@@ -372,22 +471,35 @@ class Settings(BaseSettings):
         """Which ledger a site writes: its own in the separate scheme, the shared one else."""
         return site if scheme == "separate" else "shared"
 
+    def sasl_login(self) -> tuple[str, str]:
+        """The SASL user and password, or an error that says where they come from."""
+        found = self.kafka_credentials()
+        if found is None and self.embedded_kafka:
+            from settlement.errors import START_SERVICES, ServiceError
+
+            # Made by the broker's first start: without it, nothing was started here.
+            raise ServiceError(f"the embedded Kafka was never started with state directory "
+                               f"{self.state_dir} (no admin credentials yet): {START_SERVICES}")
+        if found is None:
+            raise ConfigError(
+                f"SETTLE_KAFKA_SECURITY_PROTOCOL is {self.kafka_protocol} (the default is "
+                "SASL_PLAINTEXT): set SETTLE_KAFKA_SASL_USERNAME and SETTLE_KAFKA_SASL_PASSWORD, "
+                "start the embedded services (`settle services up` makes "
+                f"{self.kafka_credentials_file}), or set SETTLE_KAFKA_SECURITY_PROTOCOL=PLAINTEXT "
+                "for a cluster without authentication")
+        return found
+
     def kafka_client_config(self) -> dict[str, str]:
         """Connection and security settings shared by producers, consumers and admin."""
         conf: dict[str, str] = {
             "bootstrap.servers": self.bootstrap(),
-            "security.protocol": self.kafka_security_protocol,
+            "security.protocol": self.kafka_protocol,
         }
-        if self.kafka_security_protocol.startswith("SASL"):
-            if not (self.kafka_sasl_username and self.kafka_sasl_password):
-                raise ConfigError(
-                    "SETTLE_KAFKA_SECURITY_PROTOCOL is "
-                    f"{self.kafka_security_protocol}: set SETTLE_KAFKA_SASL_USERNAME and "
-                    "SETTLE_KAFKA_SASL_PASSWORD"
-                )
+        if self.kafka_protocol.startswith("SASL"):
+            user, password = self.sasl_login()
             conf["sasl.mechanism"] = self.kafka_sasl_mechanism
-            conf["sasl.username"] = self.kafka_sasl_username
-            conf["sasl.password"] = self.kafka_sasl_password
+            conf["sasl.username"] = user
+            conf["sasl.password"] = password
         if self.kafka_ssl_ca_location:
             conf["ssl.ca.location"] = self.kafka_ssl_ca_location
         return conf

@@ -107,3 +107,37 @@ def test_a_bad_calendar_name_is_an_import_error() -> None:
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=180)
     assert "NOPE" in res.stdout and "SETTLE_EXCHANGE_CALENDAR" in res.stdout, res.stdout[-2000:]
+
+
+def test_compressed_days_settle_one_weekday_per_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The soak's calendar: a close every 4 minutes, slot k settling the k-th weekday from
+    the base (Fri 2026-04-03, then Mon 04-06: the weekend is skipped)."""
+    from settlement.config import CompressedDays, Settings
+    from settlement.orchestration.tasks import eod_schedule, trade_date_for
+
+    text = "2026-04-02@2026-11-25T16:00:00+00:00/4"
+    days = CompressedDays.parse(text)
+    at = dt.datetime(2026, 11, 25, 16, 0, tzinfo=dt.UTC)
+    slots = [days.trade_date(at + dt.timedelta(minutes=4 * k, seconds=s))
+             for k, s in ((0, 0), (0, 239), (1, 0), (2, 0), (3, 0), (-1, 0))]
+    assert slots == ["2026-04-02", "2026-04-02", "2026-04-03", "2026-04-06", "2026-04-07",
+                     "2026-04-01"]
+    assert eod_schedule(Settings(eod_compressed=text)) == "*/4 * * * *"
+    monkeypatch.setenv("SETTLE_EOD_COMPRESSED", text)
+    assert trade_date_for({}, pendulum.instance(at + dt.timedelta(minutes=8))) == "2026-04-06"
+    assert trade_date_for({"trade_date": "2026-05-01"}, None) == "2026-05-01"
+
+
+@pytest.mark.parametrize("text", ["2026-04-02/4", "2026-04-02@2026-11-25T16:00:00/4",
+                                  "2026-04-02@2026-11-25T16:00:00+00:00/7", "x@y/4"])
+def test_compressed_days_refuse_a_malformed_setting(text: str) -> None:
+    from settlement.config import ConfigError, Settings, load_settings
+
+    with pytest.raises(Exception, match="MINUTES|UTC offset|expected"):
+        Settings(eod_compressed=text)
+    os.environ["SETTLE_EOD_COMPRESSED"] = text
+    try:
+        with pytest.raises(ConfigError, match="SETTLE_EOD_COMPRESSED"):
+            load_settings()
+    finally:
+        del os.environ["SETTLE_EOD_COMPRESSED"]

@@ -503,7 +503,7 @@ def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> N
     # audit-report pages, the triggerer for the "not settled" alert's verdict.
     shared_ops = {"SETTLE_DRILLS_ENABLED", "SETTLE_EXCHANGE_CALENDAR",
                   "SETTLE_EOD_AFTER_CLOSE_MINUTES", "SETTLE_EOD_CUTOFF_MINUTES",
-                  "SETTLE_EOD_CRON"}
+                  "SETTLE_EOD_CRON", "SETTLE_EOD_COMPRESSED"}
     allowed = {"airflow-apiserver": {"AIRFLOW_CONN_SETTLEMENT_DB"},
                "airflow-dag-processor": set(),
                "airflow-triggerer": {"SETTLE_PG_DSN", "SETTLE_ALERT_EMAIL",

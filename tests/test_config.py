@@ -48,10 +48,42 @@ def test_bad_values_name_the_setting(monkeypatch: pytest.MonkeyPatch, var: str, 
         load_settings()
 
 
-def test_sasl_needs_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sasl_needs_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("SETTLE_KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")
+    monkeypatch.setenv("SETTLE_KAFKA_BOOTSTRAP", "k1:9092")  # a cluster of the deployment's
+    monkeypatch.setenv("SETTLE_STATE_DIR", str(tmp_path))  # no embedded credentials there
     with pytest.raises(ConfigError, match="SETTLE_KAFKA_SASL_USERNAME"):
         load_settings().kafka_client_config()
+
+
+def test_kafka_authenticates_by_default_and_plaintext_is_an_explicit_choice(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import stat
+
+    from settlement.config import Settings
+
+    for var in ("PROTOCOL", "SASL_USERNAME", "SASL_PASSWORD"):
+        monkeypatch.delenv(f"SETTLE_KAFKA_{'SECURITY_' if var == 'PROTOCOL' else ''}{var}",
+                           raising=False)
+    from settlement.errors import ServiceError
+
+    s = Settings(state_dir=tmp_path)
+    assert s.kafka_protocol == "SASL_PLAINTEXT" and s.embedded_sasl
+    with pytest.raises(ServiceError, match="settle services up"):
+        s.kafka_client_config()
+    user, password = s.embedded_kafka_admin()  # what the broker's first start does
+    assert user == "admin" and len(password) == 48
+    assert stat.S_IMODE(s.kafka_credentials_file.stat().st_mode) == 0o600
+    conf = Settings(state_dir=tmp_path).kafka_client_config()
+    assert (conf["security.protocol"], conf["sasl.username"], conf["sasl.password"]) == \
+        ("SASL_PLAINTEXT", "admin", password)
+    assert Settings(state_dir=tmp_path).embedded_kafka_admin() == (user, password)  # kept
+    plain = Settings(state_dir=tmp_path, kafka_security_protocol="PLAINTEXT")
+    assert not plain.embedded_sasl
+    assert plain.kafka_client_config()["security.protocol"] == "PLAINTEXT"
+    assert "sasl.username" not in plain.kafka_client_config()
+    with pytest.raises(ConfigError, match="set both"):
+        _ = Settings(state_dir=tmp_path, kafka_sasl_username="admin").embedded_sasl
 
 
 @pytest.mark.parametrize("bad", ["2026-1-1", "2026-02-30", "tomorrow"])

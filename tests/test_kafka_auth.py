@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import subprocess
 import threading
 import uuid
@@ -272,3 +273,15 @@ def test_spark_logs_in_with_a_password_holding_jaas_metacharacters(
         (spark.read.format("kafka").options(**bad).option("subscribe", "trades")
          .option("kafka.request.timeout.ms", "8000")
          .option("kafka.default.api.timeout.ms", "8000").load().count())
+
+
+def test_the_default_embedded_services_authenticate_every_client(services: Settings) -> None:
+    """The shared services `make test` starts with no security setting at all: SCRAM by
+    default (PLAINTEXT is an explicit choice), the admin's credentials made on first start."""
+    assert services.kafka_security_protocol is None and services.embedded_sasl
+    plain = {"bootstrap.servers": services.bootstrap(), "log_level": 0}
+    ok, _ = _metadata_errors(plain)
+    assert not ok, "an unauthenticated client got metadata from the default embedded broker"
+    ok, errors = _metadata_errors({**services.kafka_client_config(), "log_level": 0})
+    assert ok, errors
+    assert stat.S_IMODE(services.kafka_credentials_file.stat().st_mode) == 0o600

@@ -1,5 +1,6 @@
 """The docker-compose deployment, started for real on this machine (`make stack-up`), drilled
-through it (`make stack-drill`) and removed (`make stack-down`); and the pure parts of that
+through it (`make stack-drill`), soaked over compressed trading days its scheduler fires by
+itself (`make stack-soak`) and removed (`make stack-down`); and the pure parts of that
 tooling (the stack's .env, the DSNs a Spark job receives)."""
 
 from __future__ import annotations
@@ -54,6 +55,23 @@ def test_a_password_dsn_reaches_the_job_as_a_url_its_settings_accept() -> None:
                     "sslrootcert": "/certs/ca.crt", "passfile": "/tmp/run dir+x/pgpass"}
 
 
+def _report_opens_with_a_login_only(url: str, trade_date: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    from settlement.stack.airflow_api import AirflowApi
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused.value.code == 401
+    env = envfile.read_env(ROOT / ".env")
+    token = AirflowApi(env["AIRFLOW_BASE_URL"], "auditor", env["AIRFLOW_AUDITOR_PASSWORD"]).token()
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200
+        assert trade_date in resp.read().decode()
+
+
 def _make(*args: str, timeout: float) -> dict:
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
@@ -95,6 +113,16 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert drill["dag_run_state"] == "success", drill
         assert drill["published"] is True
         assert drill["report_url"].startswith(up["airflow_url"] + "/settlement-reports/runs/")
+        _report_opens_with_a_login_only(drill["report_url"], "2026-03-02")
+
+        # The scheduler fires by itself: compressed trading days, a site killed in each.
+        soak = _make("stack-soak", "DAYS=3", "MINUTES=4", "TRADES=20000", timeout=3000)
+        assert len(soak["days"]) == 3 and len(set(soak["trade_dates"])) == 3, soak
+        for day in soak["days"]:
+            assert day["dag_run_id"].startswith("scheduled__"), day
+            assert day["dag_run_state"] == "success" and day["published"], day
+            assert day["lost"] == 0 and day["duplicated"] == 0, day
+            assert day["site_killed"] in ("site-a", "site-b")
     finally:
         down = _make("stack-down", timeout=600)
     assert down["removed"] is True

@@ -121,7 +121,7 @@ def init(settings: Settings, grants: list[Grant]) -> dict[str, Any]:
     """Create the topic, then each grant's user and ACLs. Idempotent."""
     from settlement.kafka.admin import admin_client, ensure_topic
 
-    if grants and not settings.kafka_security_protocol.startswith("SASL"):
+    if grants and not settings.kafka_protocol.startswith("SASL"):
         raise ConfigError(
             "--grant needs an authenticated cluster: set SETTLE_KAFKA_SECURITY_PROTOCOL to "
             "SASL_PLAINTEXT or SASL_SSL and the admin's SETTLE_KAFKA_SASL_USERNAME/PASSWORD"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from settlement.config import Settings, load_settings
+from settlement.config import CompressedDays, Settings, load_settings
 
 LEDGER_CONNS = {"a": "ledger_a", "b": "ledger_b", "shared": "ledger_shared"}
 # The time zone of a cron schedule (SETTLE_EOD_CRON) and, when set, of the trade date a
@@ -49,7 +49,7 @@ def airflow_connections(settings: Settings) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({
             "conn_type": "kafka",
             "extra": {"bootstrap.servers": settings.bootstrap(),
-                      "security.protocol": settings.kafka_security_protocol}}),
+                      "security.protocol": settings.kafka_protocol}}),
         "AIRFLOW_CONN_SETTLEMENT_DB": _pg_uri(settings.settlement_dsn),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({
             "conn_type": "spark", "host": settings.spark_master,
@@ -72,6 +72,7 @@ def settings_from_airflow() -> Settings:
     spark = BaseHook.get_connection("spark_default")
     overrides: dict[str, Any] = {
         "kafka_bootstrap": kafka["bootstrap.servers"],
+        "kafka_security_protocol": kafka.get("security.protocol"),
         "pg_dsn": uri("settlement_db"),
         "spark_master": spark.host or "local[2]",
         **{f"ledger_{led}_dsn": uri(cid) for led, cid in LEDGER_CONNS.items()},
@@ -86,6 +87,7 @@ def settle_env(settings: Settings) -> dict[str, str]:
     settings = settings.for_component("settlement")
     env = {
         "SETTLE_KAFKA_BOOTSTRAP": settings.bootstrap(),
+        "SETTLE_KAFKA_SECURITY_PROTOCOL": settings.kafka_protocol,
         "SETTLE_PG_DSN": settings.settlement_dsn,
         "SETTLE_TOPIC": settings.topic,
         "SETTLE_PARTITIONS": str(settings.partitions),
@@ -107,6 +109,8 @@ def eod_schedule(settings: Settings) -> Any:
     manual runs only."""
     from settlement.orchestration.calendar import TradingDayTimetable
 
+    if settings.eod_compressed:
+        return CompressedDays.parse(settings.eod_compressed).cron
     cron = settings.eod_cron.strip()
     if cron.lower() == "none":
         return None
@@ -150,9 +154,12 @@ def trade_date_for(params: dict[str, Any], logical_date: dt.datetime | None,
 
     from settlement.orchestration.calendar import calendar_timezone
 
-    tz = os.environ.get("SETTLE_EOD_TIMEZONE") or calendar_timezone(
-        calendar or load_settings().exchange_calendar)
+    settings = load_settings()
     when = pendulum.instance(logical_date or dt.datetime.now(dt.UTC))
+    if settings.eod_compressed:
+        return CompressedDays.parse(settings.eod_compressed).trade_date(when)
+    tz = os.environ.get("SETTLE_EOD_TIMEZONE") or calendar_timezone(
+        calendar or settings.exchange_calendar)
     return when.in_timezone(tz).date().isoformat()
 
 

@@ -134,7 +134,7 @@ class KafkaNode:
         if not s.embedded_sasl:
             return lines + [
                 "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
-        user, password, mech = s.kafka_sasl_username, s.kafka_sasl_password, s.kafka_sasl_mechanism
+        (user, password), mech = s.embedded_kafka_admin(), s.kafka_sasl_mechanism
         scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
         plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
         return lines + [
@@ -166,7 +166,14 @@ class KafkaNode:
         # Holds the admin password when SASL is on: private from its first byte.
         write_private(self.config_path, self.properties())
         (self.root / "log4j2.properties").write_text(LOG4J2)
+        scram_marker = self.root / "scram.formatted"
         if (self.root / "data" / "meta.properties").exists():
+            if self.settings.embedded_sasl and not scram_marker.exists():
+                raise ServiceError(
+                    f"the embedded Kafka in {self.root.parent} was created without "
+                    "authentication, and clients now authenticate by default (SCRAM): stop "
+                    f"the services and remove {self.root.parent} (its topics go with it), or "
+                    "keep it unauthenticated with SETTLE_KAFKA_SECURITY_PROTOCOL=PLAINTEXT")
             return
         # The tool's arguments (the admin's SCRAM password among them) go through a private
         # java @argfile, so that no secret is on a command line anyone can read in ps.
@@ -188,14 +195,17 @@ class KafkaNode:
         if res.returncode != 0:
             raise ServiceError(
                 f"formatting Kafka storage failed: {redact(res.stderr or res.stdout)}")
+        if self.settings.embedded_sasl:  # its metadata holds the admin's SCRAM credentials
+            scram_marker.touch()
 
     def _scram_bootstrap(self) -> list[str]:
         s = self.settings
         if not s.embedded_sasl:
             return []
-        # Quoted in the argfile; embedded_sasl allows no quote, backslash or space in either.
-        return ["--add-scram", f"{s.kafka_sasl_mechanism}=[name={s.kafka_sasl_username},"
-                f"password={s.kafka_sasl_password}]"]
+        # Quoted in the argfile; embedded_sasl allows no quote, backslash or space in either
+        # (a made password is hex).
+        user, password = s.embedded_kafka_admin()
+        return ["--add-scram", f"{s.kafka_sasl_mechanism}=[name={user},password={password}]"]
 
     def start(self) -> subprocess.Popen[bytes]:
         ensure_port_free(self.port, "SETTLE_KAFKA_PORT")

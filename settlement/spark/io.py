@@ -44,12 +44,12 @@ def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
 
 def kafka_options(settings: Settings) -> dict[str, str]:
     opts = {"kafka.bootstrap.servers": settings.bootstrap(),
-            "kafka.security.protocol": settings.kafka_security_protocol}
-    if settings.kafka_security_protocol.startswith("SASL"):
+            "kafka.security.protocol": settings.kafka_protocol}
+    if settings.kafka_protocol.startswith("SASL"):
+        user, password = settings.sasl_login()
         opts["kafka.sasl.mechanism"] = settings.kafka_sasl_mechanism
-        opts["kafka.sasl.jaas.config"] = jaas_login(
-            settings.kafka_sasl_mechanism, settings.kafka_sasl_username or "",
-            settings.kafka_sasl_password or "")
+        opts["kafka.sasl.jaas.config"] = jaas_login(settings.kafka_sasl_mechanism, user,
+                                                    password)
     if settings.kafka_ssl_ca_location:
         opts["kafka.ssl.truststore.type"] = "PEM"
         opts["kafka.ssl.truststore.location"] = settings.kafka_ssl_ca_location

@@ -37,7 +37,7 @@ class Stack:
 
     @property
     def state(self) -> Path:
-        return self.root / ".state" / "stack"
+        return state_dir(self.root)
 
     @property
     def certs(self) -> Path:
@@ -64,9 +64,13 @@ class Stack:
         return {r["Service"]: r for r in rows}
 
 
+def state_dir(root: Path) -> Path:
+    """The stack's certificates and the dockerd this project started (its log and pid)."""
+    return root / ".state" / "stack"
+
+
 def open_stack(root: Path, log: Log) -> Stack:
-    state = root / ".state" / "stack"
-    ensure_engine(state, log)
+    ensure_engine(state_dir(root), log)
     return Stack(root, tuple(compose_binary(root / ".cache" / "stack", log)))
 
 
@@ -116,10 +120,9 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
 
 
 def down(root: Path, log: Log) -> dict[str, Any]:
-    state = root / ".state" / "stack"
     if not engine_answers():  # never start an engine only to find nothing in it
         return {"removed": False, "reason": "no Docker engine runs: nothing to remove",
-                "engine_stopped": stop_engine_if_ours(state, log)}
+                "engine_stopped": stop_engine_if_ours(state_dir(root), log)}
     stack = open_stack(root, log)
     if not stack.env_path.exists():
         return {"removed": False, "reason": "no stack .env: nothing was started",

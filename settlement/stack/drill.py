@@ -63,9 +63,14 @@ def publish_day(stack: Stack, trade_date: str, trades: int, seed: int) -> subpro
                             cwd=stack.root)
 
 
-def trigger_close(stack: Stack, trade_date: str, log: Log) -> tuple[AirflowApi, str]:
+def operations_api(stack: Stack) -> AirflowApi:
+    """Airflow's REST API as `operations` (role Op: may unpause and create runs)."""
     env = stack.env()
-    api = AirflowApi(env["AIRFLOW_BASE_URL"], "operations", env["AIRFLOW_OPERATIONS_PASSWORD"])
+    return AirflowApi(env["AIRFLOW_BASE_URL"], "operations", env["AIRFLOW_OPERATIONS_PASSWORD"])
+
+
+def trigger_close(stack: Stack, trade_date: str, log: Log) -> tuple[AirflowApi, str]:
+    api = operations_api(stack)
     api.wait_for_dag(DAG, timeout=300)
     api.call("PATCH", f"/api/v2/dags/{DAG}", {"is_paused": False})
     run_id = f"stack_drill__{trade_date}__{int(time.time())}"
@@ -83,9 +88,11 @@ def published_run(settings: Settings, trade_date: str) -> int | None:
     return int(row[0]) if row else None
 
 
-def run_stack_drill(stack: Stack, trade_date: str, trades: int, log: Log, seed: int = 7,
-                    kill_at: float = 0.4, close_timeout: float = 1200) -> dict[str, Any]:
-    settings = stack_settings(stack)
+def play_day(stack: Stack, settings: Settings, trade_date: str, trades: int, seed: int,
+             victim: str, kill_at: float, log: Log, restart: bool) -> dict[str, Any]:
+    """Publish the day from the gateway container and SIGKILL ``victim`` (site-a or site-b)
+    once it has committed ``kill_at`` of its share; ``restart``: start it again once the
+    gateway is done (the other site has taken its partitions over meanwhile)."""
     shared = settings.ledger_dsn("shared")
     if not wait_for_owners({"a": shared, "b": shared}, timeout=120):
         raise ServiceError("site-a and site-b do not both own partitions: is the stack up "
@@ -93,35 +100,50 @@ def run_stack_drill(stack: Stack, trade_date: str, trades: int, log: Log, seed: 
     per_partition = day_share(trade_date, trades, seed, settings.partitions)
     log(f"publishing {trades} trades for {trade_date} from the gateway container...")
     gateway = publish_day(stack, trade_date, trades, seed)
-    progress = wait_for_share(shared, "a", per_partition, kill_at, timeout=600,
-                              trade_date=trade_date)
-    stack.compose("kill", "-s", "SIGKILL", "site-a")
-    log(f"killed site-a: {progress.describe()}")
+    progress = wait_for_share(shared, victim.removeprefix("site-"), per_partition, kill_at,
+                              timeout=600, trade_date=trade_date)
+    stack.compose("kill", "-s", "SIGKILL", victim)
+    log(f"killed {victim}: {progress.describe()}")
     out, err = gateway.communicate(timeout=900)
     if gateway.returncode != 0:
         raise ServiceError(f"the gateway failed (exit {gateway.returncode}): {err[-2000:]}")
-    api, run_id = trigger_close(stack, trade_date, log)
-    run = api.wait_for_run(DAG, run_id, close_timeout, tick=log)
+    if restart:
+        stack.compose("start", victim)
+        log(f"started {victim} again")
+    return {"site_killed": victim, "killed_at": progress.describe(),
+            "gateway": out.strip().splitlines()[-1] if out.strip() else None}
+
+
+def check_day(stack: Stack, settings: Settings, trade_date: str,
+              run: dict[str, Any]) -> dict[str, Any]:
+    """The ledger against Kafka for the day, and what the close published."""
     day = read_kafka_day(settings, trade_date)
-    check = check_ledger(shared, day, settings.topic)
-    stack.compose("start", "site-a")
+    check = check_ledger(settings.ledger_dsn("shared"), day, settings.topic)
     published = published_run(settings, trade_date)
-    env = stack.env()
+    base = stack.env()["AIRFLOW_BASE_URL"]
     return {
         "trade_date": trade_date,
-        "site_killed": "site-a",
-        "killed_at": progress.describe(),
         "trade_messages": len(day.trades),  # valid committed copies, replays included
         "lost": len(check.lost),
         "duplicated": len(check.duplicated),
         "unexpected": len(check.unexpected),
         "missing_dead_letters": len(check.missing_dead_letters),
-        "dag_run_id": run_id,
+        "dag_run_id": run["dag_run_id"],
         "dag_run_state": run["state"],
         "published": published is not None,
         "published_run_id": published,
-        "report_url": (f"{env['AIRFLOW_BASE_URL']}/settlement-reports/runs/{published}"
-                       if published else None),
+        "report_url": f"{base}/settlement-reports/runs/{published}" if published else None,
         "passed": bool(check.ok and run["state"] == "success" and published),
-        "gateway": out.strip().splitlines()[-1] if out.strip() else None,
     }
+
+
+def run_stack_drill(stack: Stack, trade_date: str, trades: int, log: Log, seed: int = 7,
+                    kill_at: float = 0.4, close_timeout: float = 1200) -> dict[str, Any]:
+    settings = stack_settings(stack)
+    played = play_day(stack, settings, trade_date, trades, seed, "site-a", kill_at, log,
+                      restart=False)
+    api, run_id = trigger_close(stack, trade_date, log)
+    run = api.wait_for_run(DAG, run_id, close_timeout, tick=log)
+    result = {**check_day(stack, settings, trade_date, run), **played}
+    stack.compose("start", "site-a")  # the stack whole again
+    return result

@@ -39,7 +39,7 @@ def _fernet_key() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
 
 
-def local_settings(certs: Path, cron: str) -> dict[str, str]:
+def local_settings(certs: Path, cron: str, compressed: str = "") -> dict[str, str]:
     """What is not secret: where the services listen here, the TLS folder, the scheduling."""
     airflow = f"http://127.0.0.1:{AIRFLOW_PORT}"
     return {
@@ -54,12 +54,13 @@ def local_settings(certs: Path, cron: str) -> dict[str, str]:
         # Manual runs only unless a soak asks for a cron: a calendar run created on unpausing
         # would wait for a day nobody publishes and hold the DAG's single active run.
         "SETTLE_EOD_CRON": cron,
-        # Shorter than production's 30 s so a killed close is taken over within a drill.
-        "SETTLE_CLOSE_LEASE_SECONDS": "12",
+        # A soak's compressed trading days (settlement.config.CompressedDays); "" otherwise.
+        "SETTLE_EOD_COMPRESSED": compressed,
     }
 
 
-def write_env(path: Path, certs: Path, cron: str = "none") -> dict[str, str]:
+def write_env(path: Path, certs: Path, cron: str = "none",
+              compressed: str = "") -> dict[str, str]:
     """Create or complete the stack's .env (secrets kept, addresses rewritten); 0600."""
     old = read_env(path)
     values = {name: old.get(name) or secrets.token_hex(24) for name in PASSWORDS}
@@ -68,7 +69,7 @@ def write_env(path: Path, certs: Path, cron: str = "none") -> dict[str, str]:
         secrets.token_bytes(16)).decode().rstrip("="))
     values["KAFKA_ADMIN_USER"] = "admin"
     values["AIRFLOW_ADMIN_USER"] = "admin"
-    values.update(local_settings(certs, cron))
+    values.update(local_settings(certs, cron, compressed))
     text = HEADER + "".join(f"{k}={v}\n" for k, v in values.items())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
