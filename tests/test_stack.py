@@ -109,6 +109,9 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"
+        faults = json.loads(drill["gateway"])  # the day was faulty: replays, junk, aborts
+        assert faults["duplicates_injected"] > 0 and faults["malformed_injected"] > 0
+        assert faults["aborted_transactions"] > 0, faults
         assert drill["lost"] == 0 and drill["duplicated"] == 0, drill
         assert drill["dag_run_state"] == "success", drill
         assert drill["published"] is True

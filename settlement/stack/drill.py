@@ -58,7 +58,7 @@ def publish_day(stack: Stack, trade_date: str, trades: int, seed: int) -> subpro
     cmd = stack.compose_argv(
         "--profile", "simulator", "run", "--rm", "--no-deps", "gateway",
         "simulate", "--date", trade_date, "--trades", str(trades), "--seed", str(seed),
-        "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.02", "--json")
+        "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.25", "--json")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=stack.root)
 
