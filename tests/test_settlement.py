@@ -65,6 +65,32 @@ def test_kafka_and_database_sources_agree_with_plain_python(settled_day: Isolate
     assert all(isinstance(v[3], Decimal) for v in got.values())
 
 
+def test_a_ledger_altered_after_ingest_is_found_by_its_checksums(settled_day: Isolated
+                                                                   ) -> None:
+    """Kafka-sourced: the ledger is compared by bucket checksums taken in PostgreSQL, and the
+    one bucket whose figures differ is read and compared trade by trade, naming the trade
+    (here only its execution time moved by a microsecond)."""
+    s = settled_day.settings
+    good = run_eod(s, DATE, source="kafka")
+    figures = good["validation"]["figures"]["reconcile_kafka_ledger"]
+    assert good["validation_success"], good["validation"]["failures"]
+    # Spark's figures of the Kafka day and PostgreSQL's of the ledger agree on every bucket.
+    assert figures["buckets"] == 6 and figures["differing"] == 0, figures
+    with connect(s.ledger_dsn("a")) as conn:
+        altered, partition = conn.execute(
+            "update trades set executed_at = executed_at + interval '1 microsecond'"
+            " where trade_id = (select min(trade_id) from trades where trade_date = %s)"
+            " returning trade_id, kafka_partition", (DATE,)).fetchone()
+        conn.commit()
+    bad = run_eod(s, DATE, source="kafka")
+    figures = bad["validation"]["figures"]["reconcile_kafka_ledger"]
+    assert figures["differing"] == 1 and figures["named"] == [[partition, 0]], figures
+    failures = bad["validation"]["failures"]
+    assert [f["name"] for f in failures] == ["kafka_day and ledger agree on each trade"]
+    assert [e["trade_id"] for e in failures[0]["examples"]] == [altered]
+    assert not bad["published"]
+
+
 def test_rerun_replaces_the_day_and_records_runs(settled_day: Isolated) -> None:
     s = settled_day.settings
     first = run_eod(s, DATE, source="db")

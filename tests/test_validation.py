@@ -83,7 +83,7 @@ ALL_CHECKS = {
 # read.
 FRAME_NAMES = {
     "as_read": ("as_read", "read_trades"),
-    "settled": ("settlement_trades", "settled_day"),
+    "settled": ("settlement_trades", "settled_day", "day_partitions"),
     "kafka": ("kafka_day",),
     "ledger": ("ledger_trades",),
     "ledger_a": ("ledger_a_day",),
@@ -328,6 +328,35 @@ def test_a_trade_missing_from_the_ledger_is_named(spark: SparkSession) -> None: 
     rows = fails_alone(spark, Day(ledger=tuple(GOOD[1:])),
                        f"{KAFKA}: in kafka_day, missing from ledger")
     assert [r["trade_id"] for r in rows] == ["T1"]
+
+
+def test_only_buckets_whose_checksums_differ_are_searched(spark: SparkSession  # noqa: F811
+                                                          ) -> None:
+    """A good day searches nothing trade by trade; a lost trade makes its partition suspect
+    and its bucket differ, and nothing else."""
+    good = validate(spark, Day(), everything=True)
+    assert good.figures["trades_day"]["suspect_partitions"] == []
+    for suite in ("reconcile_kafka_ledger", "reconcile_site_a_b"):
+        fig = good.figures[suite]
+        assert (fig["buckets"], fig["differing"]) == (2, 0), fig
+    # Kafka lost T5 (partition 1, seq 2); the ledgers hold it.
+    lost = validate(spark, Day(read=tuple(t for t in READ if t[0] != "T5"), ledger=tuple(GOOD)),
+                    everything=True)
+    assert lost.figures["trades_day"]["suspect_partitions"] == [1]
+    assert lost.figures["reconcile_kafka_ledger"]["named"] == [[1, 0]]
+    assert lost.figures["reconcile_site_a_b"]["differing"] == 0
+    assert {c.name for c in lost.failures} == {"no sequence gaps",
+                                               "in ledger, missing from kafka_day"}
+
+
+def test_a_trade_that_differs_only_in_its_execution_time_is_named(spark: SparkSession  # noqa: F811
+                                                                  ) -> None:
+    """Every field the checksums hash is compared trade by trade."""
+    later = TS + dt.timedelta(microseconds=1)
+    ledger = [(*t[:-1], later) if t[0] == "T2" else t for t in GOOD]
+    rows = fails_alone(spark, Day(ledger=tuple(ledger)),
+                       f"{KAFKA}: kafka_day and ledger agree on each trade")
+    assert [r["trade_id"] for r in rows] == ["T2"]
 
 
 def test_a_ledger_trade_missing_from_kafka_is_named(spark: SparkSession) -> None:  # noqa: F811

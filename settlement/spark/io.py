@@ -21,6 +21,8 @@ from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
+from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
+from settlement.spark.schemas import TRADE_SCHEMA
 
 
 def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
@@ -84,6 +86,9 @@ class DayRead:
     # (they came after their day's close marker): earlier date -> partition -> count. The
     # sites dead-letter the same messages as late; the report shows them either way.
     late: dict[str, dict[int, int]] = field(default_factory=dict)
+    # Kafka: the day's figures per bucket (FIGURES_SCHEMA rows, validation's checksums),
+    # taken in the pass that counted the read.
+    figures: list[tuple[int, ...]] | None = None
 
     def release(self) -> None:
         for df in self.cached:
@@ -131,7 +136,8 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
-        duplicates=facts.duplicates, per_partition=facts.per_partition)
+        duplicates=facts.duplicates, per_partition=facts.per_partition,
+        figures=facts.figures)
 
 
 @dataclass
@@ -141,6 +147,7 @@ class _KafkaFacts:
     late: dict[str, dict[int, int]]
     duplicates: int
     per_partition: dict[int, int]  # the day's first copies
+    figures: list[tuple[int, ...]]  # their FIGURES_SCHEMA rows
 
 
 def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
@@ -154,17 +161,23 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
             .when(F.col("trade_date") != day, F.lit("other_date"))
             .when(F.col("_dup"), F.lit("dup"))
             .otherwise(F.lit("day")))
+    # The settled day's figures (validation's checksums, by bucket) in the same pass.
+    is_day = F.col("what") == "day"
     rows = (classified
             .select(what.alias("what"),
                     F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
-                    "kafka_partition", "_last_seq")
-            .groupBy("what", "d", "kafka_partition")
-            .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"))
+                    "kafka_partition", "_last_seq", *TRADE_SCHEMA.fieldNames())
+            .groupBy("what", "d", "kafka_partition",
+                     F.when(is_day, bucket_of(F.col("seq"))).alias("bucket"))
+            .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"),
+                 *figure_columns(is_day))
             .collect())
-    facts = _KafkaFacts(0, {}, {}, 0, {})
+    facts = _KafkaFacts(0, {}, {}, 0, {}, [])
     for r in rows:
         if r["what"] == "day":
-            facts.per_partition[int(r["kafka_partition"])] = int(r["n"])
+            p = int(r["kafka_partition"])
+            facts.per_partition[p] = facts.per_partition.get(p, 0) + int(r["n"])
+            facts.figures.append((p, *(int(r[c]) for c in FIGURE_FIELDS)))
         elif r["what"] == "malformed":
             facts.malformed += int(r["n"])
         elif r["what"] == "dup":
@@ -179,16 +192,18 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
 
 
 def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,
-                trade_date: str) -> DataFrame:
+                trade_date: str, where: str | None = None) -> DataFrame:
     """One ledger's day over JDBC, in parallel slices of the exchange sequence number (the
-    bounds come from the ledger's state the chooser read)."""
+    bounds come from the ledger's state the chooser read). ``where``: a further SQL
+    condition built by the caller from integers (validation's bucket drill-down)."""
     url, props = jdbc_options(settings.ledger_dsn(ledger))
     st = choice.states.get(ledger)
     max_seq = st.max_seq if st else 1
     # JDBC's dbtable takes no bind parameters: the date goes in as a re-rendered date.
     day = dt.date.fromisoformat(trade_date).isoformat()
+    more = f" and ({where})" if where else ""
     query = (f"(select {', '.join(LEDGER_COLUMNS)} from trades "
-             f"where trade_date = date '{day}') day")
+             f"where trade_date = date '{day}'{more}) day")
     df = spark.read.jdbc(
         url, query, column="seq", lowerBound=1, upperBound=max(max_seq, 2),
         numPartitions=4, properties={**props, "fetchsize": "20000"},

@@ -9,13 +9,24 @@ and why: ``validation.suites``.
 from __future__ import annotations
 
 import datetime as dt
+import time
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from settlement.spark.figures import (
+    DaySide,
+    collect_figures,
+    differing,
+    partition_figures,
+)
 from settlement.validation.run import ValidationOutcome, register_views, run_suites
 
-__all__ = ["ValidationOutcome", "validate_frames"]
+__all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
+# The drill-down lists at most this many differing buckets by name (all are counted).
+_NAMED_BUCKETS = 20
 
 # What the sites recorded about retention gaps (``settlement.eod.model.DataLoss``).
 DATA_LOSS_SCHEMA = ("ledger string, kafka_partition int, from_offset long, to_offset long, "
@@ -33,14 +44,15 @@ def validate_frames(
     settlement_trades: DataFrame,
     close_markers: dict[int, int],
     positions: DataFrame | None = None,
-    ledger: DataFrame | None = None,
+    ledger: DataFrame | DaySide | None = None,
     kafka: DataFrame | None = None,
-    ledger_a: DataFrame | None = None,
-    ledger_b: DataFrame | None = None,
+    ledger_a: DataFrame | DaySide | None = None,
+    ledger_b: DataFrame | DaySide | None = None,
     data_loss: DataFrame | None = None,
     unique_ids: bool = False,
     skip: dict[str, str] | None = None,
     only: set[str] | None = None,
+    settled_figures: list[tuple[int, ...]] | None = None,
 ) -> ValidationOutcome:
     """Run every suite that can fail on this run's frames.
 
@@ -50,17 +62,55 @@ def validate_frames(
     Kafka was the source (None: the day was read from the ledger(s), by date);
     ``data_loss``: the retention gaps the reachable ledgers recorded for the day
     (``DATA_LOSS_SCHEMA``; a run always passes it, empty when there are none);
-    ``unique_ids``: the read is one ledger, whose primary key is trade_id.
+    ``unique_ids``: the read is one ledger, whose primary key is trade_id;
+    ``settled_figures``: the settled day's figures when the read took them already. A ledger is a
+    frame or a ``DaySide`` (its figures taken in PostgreSQL, its trades fetched by bucket).
+
+    The settled day is scanned once for its figures (``settlement.spark.figures``); the checks
+    then read the figures and, trade by trade, only the partitions and buckets whose figures
+    say something is wrong (``figures`` in the outcome says which).
     """
     run_params = spark.createDataFrame(
         [(dt.date.fromisoformat(trade_date), partitions)], "trade_date date, partitions int")
     markers = spark.createDataFrame(sorted(close_markers.items()), _MARKERS)
+    t0 = time.perf_counter()
+    buckets = collect_figures(spark, settlement_trades, settled_figures)
+    parts = partition_figures(spark, buckets, close_markers)
+    part_rows = parts.collect()
+    suspect = sorted(int(r["kafka_partition"]) for r in part_rows if r["suspect"])
+    drill: dict[str, Any] = {"trades_day": {
+        "partitions": len(part_rows), "suspect_partitions": suspect,
+        "seconds": round(time.perf_counter() - t0, 3)}}
+    settled_suspect = (settlement_trades.where(F.col("kafka_partition").isin(suspect))
+                       if suspect else settlement_trades.limit(0))
     views = {"run_params": run_params, "close_markers_day": markers,
-             "read_trades": as_read, "settled_day": settlement_trades}
+             "read_trades": as_read, "settled_day": settlement_trades,
+             "day_partitions": parts}
     skip = dict(skip or {})
-    if kafka is not None:
-        views["kafka_day"] = kafka
-    else:
+
+    def side(name: str, x: DataFrame | DaySide) -> DaySide:
+        if isinstance(x, DaySide):
+            return x
+        return DaySide.of_frame(name, x, buckets if x is settlement_trades else None)
+
+    def drill_down(suite: str, a: DaySide, b: DaySide) -> tuple[DataFrame, DataFrame]:
+        """Both copies' trades of the buckets whose figures differ."""
+        t1 = time.perf_counter()
+        diff = differing(a, b)
+        drill[suite] = {"buckets": len(a.figures.keys() | b.figures.keys()),
+                        "differing": len(diff), "named": [list(k) for k in
+                                                          diff[:_NAMED_BUCKETS]],
+                        "seconds": round(a.seconds + b.seconds + time.perf_counter() - t1, 3)}
+        return a.rows_in(diff), b.rows_in(diff)
+
+    def wanted(suite: str) -> bool:
+        return only is None or any(n.split("@")[0] == suite for n in only)
+
+    ledger_rows = ledger_b_rows = None
+    if kafka is not None and ledger is not None and wanted("reconcile_kafka_ledger"):
+        views["kafka_day"], ledger_rows = drill_down(
+            "reconcile_kafka_ledger", side("kafka_day", kafka), side("ledger", ledger))
+    if kafka is None:
         skip.setdefault("reconcile_kafka_ledger", "Kafka was not read for this run")
         # A check that cannot fail is not run: it would only look like a guarantee.
         skip.setdefault("read_dates", "the day was read from the ledger by date: no trade of "
@@ -69,12 +119,15 @@ def validate_frames(
         skip.setdefault("read_copies", "one ledger was read: trade_id is its primary key, so "
                                        "no trade id can repeat in the read")
     if ledger_a is not None and ledger_b is not None:
-        views["ledger_a_day"] = ledger_a
+        if wanted("reconcile_site_a_b"):
+            views["ledger_a_day"], ledger_b_rows = drill_down(
+                "reconcile_site_a_b", side("ledger_a", ledger_a), side("ledger_b", ledger_b))
     else:
         skip.setdefault("reconcile_site_a_b", "not the separate scheme (one ledger)")
     register_views(spark, views)
-    frames = {"as_read": as_read, "settlement_trades": settlement_trades,
-              "ledger_trades": ledger,
-              "ledger_b_trades": ledger_b if ledger_a is not None else None,
+    frames = {"as_read": as_read, "settlement_trades": settled_suspect,
+              "ledger_trades": ledger_rows, "ledger_b_trades": ledger_b_rows,
               "data_loss": data_loss, "positions": positions}
-    return run_suites(frames, skip, only)
+    outcome = run_suites(frames, skip, only)
+    outcome.figures = drill
+    return outcome

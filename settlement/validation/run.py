@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,10 @@ class ValidationOutcome:
     checks: list[CheckResult]
     skipped: dict[str, str]  # suite@asset -> why it did not apply
     data_docs: str | None
+    seconds: dict[str, float] = field(default_factory=dict)  # suite@asset -> its run's time
+    # What the checksums found before any check ran: buckets compared, which differed and
+    # were searched trade by trade (``settlement.spark.figures``).
+    figures: dict[str, Any] = field(default_factory=dict)
 
     @property
     def success(self) -> bool:
@@ -69,7 +74,8 @@ class ValidationOutcome:
                 "failures": [c.as_dict() for c in self.failures],
                 "warnings": [c.as_dict() for c in self.warnings],
                 "passed": [f"{c.suite}@{c.asset}: {c.name}" for c in self.checks if c.success],
-                "skipped": self.skipped, "data_docs": self.data_docs}
+                "skipped": self.skipped, "data_docs": self.data_docs,
+                "seconds": self.seconds, "figures": self.figures}
 
 
 def get_context(settings: Settings | None = None) -> Any:
@@ -274,6 +280,7 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
     built: list[Any] = []  # what this run adds to Data Docs
     skipped: dict[str, str] = {}
     checks: list[CheckResult] = []
+    seconds: dict[str, float] = {}
     for plan in all_suites():
         name = plan.name
         if only is not None and name not in only:
@@ -283,7 +290,9 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
         if df is None or why:
             skipped[name] = why or f"no {plan.asset} data for this run"
             continue
+        t0 = time.perf_counter()
         res = _run_checkpoint(context, checkpoints, name, df)
+        seconds[name] = round(time.perf_counter() - t0, 3)
         built.extend(res.run_results)
         built.extend(k.expectation_suite_identifier for k in res.run_results)
         for vres in res.run_results.values():
@@ -311,7 +320,7 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
         docs = urls[0]["site_url"] if urls else None
     except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
         docs = None
-    return ValidationOutcome(checks, skipped, docs)
+    return ValidationOutcome(checks, skipped, docs, seconds)
 
 
 def register_views(spark: SparkSession, views: dict[str, DataFrame]) -> None:

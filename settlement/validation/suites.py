@@ -15,21 +15,25 @@ proves nothing and only makes the verdict look stronger than it is, so:
   settlement includes, e.g. one of the day before that arrived after its close marker (the
   sites dead-letter it as ``late``: bad data never stops the line). So that check is a
   warning: it names the trades in the verdict's warnings and does not fail the run.
-- **Completeness on the settled day** (``settlement_trades``: the day the netting used):
-  every partition closed, sequence numbers 1..last_seq all present, none beyond the close
-  marker, one trade per (partition, seq).
+- **Completeness on the settled day** (the day the netting used): every partition closed,
+  sequence numbers 1..last_seq all present, none beyond the close marker, one trade per
+  (partition, seq). Decided by each partition's checksums first (``day_partitions``); the
+  ``settlement_trades`` frame the checks search holds only the trades of partitions whose
+  figures are not exactly one trade at each seq 1..last_seq.
 - **Reconciliation** of the settled day with the ledger (Kafka-sourced runs) and of the two
-  site ledgers with each other (separate scheme). The ledger's own completeness is not a
-  suite: a ledger-sourced day is the settled day, and on a Kafka-sourced run any gap or
-  extra seq in the ledger is also a difference from Kafka (named by trade id) or a gap in
-  the settled day, so such a check could never fail alone.
+  site ledgers with each other (separate scheme), by bucket checksums first
+  (``settlement.spark.figures``: one SQL aggregate in each ledger); the frames the
+  anti-joins search hold only the trades of buckets whose figures differ. The ledger's own
+  completeness is not a suite: a ledger-sourced day is the settled day, and on a
+  Kafka-sourced run any gap or extra seq in the ledger is also a difference from Kafka
+  (named by trade id) or a gap in the settled day, so such a check could never fail alone.
 - **Data loss** recorded by the sites (``data_loss``: the retention gaps every reachable
   ledger holds that may cover the day): a site that was down longer than the topic's
   retention could not read offsets of the day. The settled day may still look complete (the
   other site read them), but the gap is named and the day fails until an operator decides.
-- **Invariants on the positions**, with the trade count taken from the read (distinct trade
-  ids of the run's date), not from the settlement's own count, and volume and notional from
-  the settled day: a netting step that drops or mangles a trade fails here.
+- **Invariants on the positions**, with the trade count taken from the settled day's
+  checksums, not from the netting's own count, and volume and notional from the settled
+  day: a netting step that drops or mangles a trade fails here.
 
 Not checked here, because no frame we validate can violate them: not-null columns, a
 positive quantity and price, buyer <> seller, field formats. A trade is valid by the
@@ -46,8 +50,10 @@ asset's frame (GX registers it as ``tmp_view``: no view of ours may have that na
 - ``run_params``: one row (trade_date, partitions) for the run
 - ``close_markers_day``: (kafka_partition, last_seq) of the day, from the source
 - ``read_trades``: the read as it came in (the ``as_read`` frame)
-- ``settled_day``: the settled day (the ``settlement_trades`` frame)
-- ``kafka_day`` / ``ledger_a_day``: trades to reconcile with
+- ``settled_day``: the settled day, whole
+- ``day_partitions``: per partition of the settled day, its figures, last_seq and whether
+  it is ``suspect`` (``settlement.spark.figures.partition_figures``)
+- ``kafka_day`` / ``ledger_a_day``: the trades to reconcile with, of the differing buckets
 """
 
 from __future__ import annotations
@@ -151,24 +157,20 @@ def trades_suite() -> gx.ExpectationSuite:
         """
         select p.kafka_partition
         from (select explode(sequence(0, partitions - 1)) as kafka_partition from run_params
-              union select distinct kafka_partition from {batch}) p
+              union select kafka_partition from day_partitions where trades > 0
+              union select kafka_partition from {batch}) p
         left anti join close_markers_day m on m.kafka_partition = p.kafka_partition
         """))
     suite.append(_rows(
         "no sequence gaps", "completeness",
         "seq runs from 1 to the close marker's last_seq in every partition: each row returned "
         "is a lost trade (date, partition, seq)",
-        # Only partitions whose trade count and seq range differ from 1..last_seq are
-        # searched seq by seq (a partition that matches can only hide a gap behind a repeated
-        # seq, which "one trade per partition and seq" fails): the common day costs one
-        # aggregate per partition instead of an anti-join of every seq.
+        # Only suspect partitions are searched seq by seq: those whose figures (count, lowest
+        # and highest seq, seq hash sum) differ from exactly one trade at each seq
+        # 1..last_seq; {batch} holds their trades only (settlement.spark.figures).
         f"""
-        with counted as (select kafka_partition, count(*) as n, min(seq) as lo, max(seq) as hi
-                         from {{batch}} group by kafka_partition),
-             suspect as (select m.kafka_partition, m.last_seq from close_markers_day m
-                         left join counted c on c.kafka_partition = m.kafka_partition
-                         where m.last_seq > 0 and not (c.n <=> m.last_seq and c.lo <=> 1
-                                                       and c.hi <=> m.last_seq))
+        with suspect as (select kafka_partition, last_seq from day_partitions
+                         where suspect and last_seq > 0)
         select {_RUN_DATE} as trade_date, e.kafka_partition, e.seq
         from (select kafka_partition,
                      explode(sequence(cast(1 as bigint), cast(last_seq as bigint))) as seq
@@ -214,9 +216,13 @@ def reconciliation_suite(name: str, left: str, right: str, what: str) -> gx.Expe
     suite.append(_rows(
         f"{left} and {right} agree on each trade", "reconciliation",
         f"{what}: a trade id present in both has the same economics in both",
+        # Every field the bucket checksums hash: a bucket can only differ because a trade
+        # does, and then that trade is named here or by the anti-joins.
         f"select b.trade_id from {{batch}} b join {left} k on k.trade_id = b.trade_id "
         "where not (b.symbol <=> k.symbol and b.price <=> k.price and b.quantity <=> k.quantity "
-        "and b.buyer <=> k.buyer and b.seller <=> k.seller and b.seq <=> k.seq)"))
+        "and b.buyer <=> k.buyer and b.seller <=> k.seller and b.seq <=> k.seq "
+        "and b.trade_date <=> k.trade_date and b.kafka_partition <=> k.kafka_partition "
+        "and b.executed_at <=> k.executed_at)"))
     return _suite(name, suite)
 
 
@@ -251,13 +257,12 @@ def invariants_suite() -> gx.ExpectationSuite:
         "or net_cash <> sell_amount - buy_amount"))
     suite.append(_rows(
         "trade counts are twice the trades read", "invariants",
-        "each trade has two legs: position trade_count sums to twice the distinct trade ids "
-        "of the run's date in the read (counted from the read, not by the settlement)",
-        f"""
+        "each trade has two legs: position trade_count sums to twice the trades of the "
+        "settled day (counted by validation's checksums of that day, not by the netting)",
+        """
         select p.legs, r.trades
-        from (select coalesce(sum(trade_count), 0) as legs from {{batch}}) p
-        cross join (select count(distinct trade_id) as trades from read_trades
-                    where trade_date = {_RUN_DATE}) r
+        from (select coalesce(sum(trade_count), 0) as legs from {batch}) p
+        cross join (select coalesce(sum(trades), 0) as trades from day_partitions) r
         where p.legs <> 2 * r.trades
         """))
     suite.append(_rows(

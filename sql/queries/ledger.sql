@@ -21,3 +21,20 @@ where e.topic = %(topic)s
                               where p.kafka_partition = e.kafka_partition
                                 and p.trade_date < %(trade_date)s), -1) + 1
 order by e.kafka_partition, e.from_offset
+
+-- name: day_figures
+-- The day's checksums per bucket (settlement/validation/figures.py computes the same figures
+-- in Spark): the trade count and the sums of the two 32-bit halves of a 64-bit hash of each
+-- trade's canonical row: its fields as text joined by the unit separator (chr(31), which no
+-- text field may hold), the date as days since 1970-01-01, the price in 1/10,000, executed_at
+-- in microseconds since the epoch; hashed with md5 and cut to its first 8 bytes.
+select kafka_partition, bucket, count(*) as trades,
+       sum(('x' || substr(h, 1, 8))::bit(32)::bigint) as row_hi,
+       sum(('x' || substr(h, 9, 8))::bit(32)::bigint) as row_lo
+from (select kafka_partition, seq / %(bucket_seqs)s as bucket,
+             md5(concat_ws(chr(31), trade_id, trade_date - date '1970-01-01', seq,
+                           kafka_partition, symbol, (price * 10000)::bigint, quantity, buyer,
+                           seller, (extract(epoch from executed_at) * 1000000)::bigint)) as h
+      from trades
+      where trade_date = %(trade_date)s) t
+group by kafka_partition, bucket

@@ -1,0 +1,208 @@
+"""Checksums of a day's trades: what validation compares before it compares trades.
+
+A day is cut into buckets, ``(kafka_partition, seq div BUCKET_SEQS)``. One aggregate per copy
+of the day gives each bucket's figures: the trade count, the lowest and highest seq, the sum
+of a 64-bit hash of each seq and the sum of a 64-bit hash of each trade's canonical row.
+Two copies of a day whose buckets all have the same figures hold the same trades, up to a
+64-bit hash collision (the row hash is md5's first eight bytes: nobody can aim a trade at
+another's hash sum without being able to write to both copies). Only buckets whose figures
+differ are then compared trade by trade, so a lost, extra or altered trade is still named,
+and a good day costs one scan of the settled day plus one SQL aggregate per ledger instead
+of moving every ledger row into Spark and joining it both ways.
+
+The canonical row and the hash are written twice, for Spark (``row_hash``) and for
+PostgreSQL (``sql/queries/ledger.sql``, ``day_figures``); ``tests/test_parity.py`` holds them
+to the same figures on the adversarial corpus stored in a real ledger. Every hashed field is
+compared trade by trade in the drill-down, so a bucket can only differ because a trade does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+# Seqs per bucket: a partition of a 10M-trade day on 12 partitions is 13 buckets, so one
+# lost trade makes the drill-down read 65,536 trades of the ledger, not the day.
+BUCKET_SEQS = 1 << 16
+# Between fields of the canonical row: the contract refuses control characters in text
+# (``settlement.contract.CONTROL_CHARS``), so no field can contain the separator.
+SEPARATOR = "\x1f"
+# The fields hashed, in this order, each rendered as text the same way in Spark and in
+# PostgreSQL: the date as days since 1970-01-01, the price as its integer count of 1/10,000
+# (scale 4), executed_at as microseconds since the epoch, the rest as they are.
+HASHED = ("trade_id", "trade_date", "seq", "kafka_partition", "symbol", "price", "quantity",
+          "buyer", "seller", "executed_at")
+Bucket = tuple[int, int]  # (kafka_partition, bucket)
+FIGURES_SCHEMA = ("kafka_partition int, bucket long, trades long, lo long, hi long, "
+                  "seq_hi long, seq_lo long, row_hi long, row_lo long")
+# FIGURES_SCHEMA after the partition.
+FIGURE_FIELDS = ("bucket", "trades", "lo", "hi", "seq_hi", "seq_lo", "row_hi", "row_lo")
+
+
+def _halves(h: Column) -> tuple[Column, Column]:
+    """A 64-bit hash as its high and low 32 bits: sums of 32-bit halves stay exact in a
+    bigint for billions of trades, where summing the hash itself needs decimals (which cost
+    as much as the hash here)."""
+    return F.shiftright(h, 32), h.bitwiseAND(F.lit(0xFFFFFFFF))
+
+
+def row_hash() -> tuple[Column, Column]:
+    """The trade's canonical row hashed: md5 of the fields joined by SEPARATOR, its first 8
+    bytes as two unsigned 32-bit halves (the SQL's ``('x' || ...)::bit(32)::bigint``)."""
+    text = F.concat_ws(
+        SEPARATOR,
+        F.col("trade_id"), F.unix_date("trade_date").cast("string"),
+        F.col("seq").cast("string"), F.col("kafka_partition").cast("string"), F.col("symbol"),
+        (F.col("price") * F.lit(10_000)).cast("long").cast("string"),
+        F.col("quantity").cast("string"), F.col("buyer"), F.col("seller"),
+        F.unix_micros("executed_at").cast("string"))
+    md5 = F.md5(text)
+    return (F.conv(F.substring(md5, 1, 8), 16, 10).cast("long"),
+            F.conv(F.substring(md5, 9, 8), 16, 10).cast("long"))
+
+
+def seq_hash(seq: Column) -> tuple[Column, Column]:
+    """A 64-bit hash of a seq, in halves: its sum over a partition proves, with the count,
+    the lowest and the highest seq, that the partition holds each seq 1..n exactly once."""
+    return _halves(F.xxhash64(seq.cast("long")))
+
+
+def bucket_of(seq: Column) -> Column:
+    return F.floor(seq / F.lit(BUCKET_SEQS)).cast("long")
+
+
+def figure_columns(only: Column | None = None) -> list[Column]:
+    """The aggregates of a bucket's figures after its key columns, over the rows where
+    ``only`` holds (all rows: None). Shared by ``figures`` and the Kafka read, which takes
+    the settled day's figures in the pass that counts the read."""
+    def keep(c: Column) -> Column:
+        return c if only is None else F.when(only, c)
+
+    seq_hi, seq_lo = seq_hash(F.col("seq"))
+    row_hi, row_lo = row_hash()
+    one = F.lit(1) if only is None else F.when(only, F.lit(1))
+    return [F.count(one).alias("trades"), F.min(keep(F.col("seq"))).alias("lo"),
+            F.max(keep(F.col("seq"))).alias("hi"), F.sum(keep(seq_hi)).alias("seq_hi"),
+            F.sum(keep(seq_lo)).alias("seq_lo"), F.sum(keep(row_hi)).alias("row_hi"),
+            F.sum(keep(row_lo)).alias("row_lo")]
+
+
+def figures(trades: DataFrame) -> DataFrame:
+    """Each bucket's figures (FIGURES_SCHEMA): one aggregate, reduced within each task
+    before anything is shuffled (a few rows per task)."""
+    return (trades
+            .groupBy(F.col("kafka_partition").cast("int").alias("kafka_partition"),
+                     bucket_of(F.col("seq")).alias("bucket"))
+            .agg(*figure_columns()))
+
+
+def in_buckets(trades: DataFrame, buckets: list[Bucket]) -> DataFrame:
+    """The trades of these buckets (an empty frame when there are none)."""
+    if not buckets:
+        return trades.limit(0)
+    cond = F.lit(False)
+    for p, b in buckets:
+        cond = cond | ((F.col("kafka_partition") == p)
+                       & (F.col("seq") >= b * BUCKET_SEQS)
+                       & (F.col("seq") < (b + 1) * BUCKET_SEQS))
+    return trades.where(cond)
+
+
+def bucket_sql(buckets: list[Bucket]) -> str:
+    """The same buckets as a SQL condition on ``trades`` (integers only: safe to inline)."""
+    return " or ".join(
+        f"(kafka_partition = {int(p)} and seq >= {int(b) * BUCKET_SEQS} "
+        f"and seq < {(int(b) + 1) * BUCKET_SEQS})" for p, b in buckets) or "false"
+
+
+Figures = dict[Bucket, tuple[int, int, int]]  # bucket -> (trades, row hash sums)
+
+
+@dataclass
+class DaySide:
+    """One copy of a day for a reconciliation: its figures per bucket, and how to fetch the
+    trades of some buckets (TRADE_SCHEMA) when they differ from the other copy's."""
+
+    name: str
+    figures: Figures
+    rows_in: Callable[[list[Bucket]], DataFrame]
+    seconds: float = 0.0  # what taking the figures cost
+
+    @classmethod
+    def of_frame(cls, name: str, trades: DataFrame, held: DataFrame | None = None
+                 ) -> DaySide:
+        """A copy held in Spark (the settled day, or a ledger already read); ``held``: its
+        figures when they were taken already (``collect_figures``)."""
+        t0 = time.perf_counter()
+        rows = (held if held is not None else figures(trades)).select(
+            "kafka_partition", "bucket", "trades", "row_hi", "row_lo").collect()
+        got = {(int(r[0]), int(r[1])): (int(r[2]), int(r[3]), int(r[4])) for r in rows}
+        return cls(name, got, lambda b: in_buckets(trades, b),
+                   round(time.perf_counter() - t0, 3))
+
+
+def collect_figures(spark: SparkSession, trades: DataFrame,
+                    held: list[tuple[int, ...]] | None = None) -> DataFrame:
+    """``figures`` computed once (or ``held``: rows taken already, by the Kafka read) and
+    handed back as a local frame: whatever reads it afterwards never scans the day again."""
+    rows = held if held is not None else [tuple(r) for r in figures(trades).collect()]
+    return spark.createDataFrame(rows, FIGURES_SCHEMA)
+
+
+def differing(a: DaySide, b: DaySide) -> list[Bucket]:
+    """The buckets whose figures differ (present in one copy only included)."""
+    return sorted(k for k in a.figures.keys() | b.figures.keys()
+                  if a.figures.get(k) != b.figures.get(k))
+
+
+PARTITION_FIGURES_SCHEMA = ("kafka_partition int, trades long, lo long, hi long, "
+                            "seq_hi long, seq_lo long, last_seq long, expected_hi long, "
+                            "expected_lo long, suspect boolean")
+
+
+def expected_seq_sums(spark: SparkSession, lengths: set[int]) -> dict[int, tuple[int, int]]:
+    """For each n, the seq hash sums (high, low halves) of 1..n: one pass over
+    ``range(1, max n)`` with a conditional sum per distinct n (no row per partition and
+    seq, no shuffle)."""
+    wanted = sorted(n for n in lengths if n > 0)
+    if not wanted:
+        return {}
+    hi, lo = seq_hash(F.col("id"))
+    sums = []
+    for k, n in enumerate(wanted):
+        inside = F.col("id") <= F.lit(n)
+        sums += [F.sum(F.when(inside, hi)).alias(f"h{k}"), F.sum(F.when(inside, lo)).alias(f"l{k}")]
+    row = spark.range(1, wanted[-1] + 1).agg(*sums).collect()[0]
+    return {n: (int(row[f"h{k}"]), int(row[f"l{k}"])) for k, n in enumerate(wanted)}
+
+
+def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int, int]
+                      ) -> DataFrame:
+    """Per partition of the settled day (PARTITION_FIGURES_SCHEMA): the figures summed over
+    its buckets, its close marker's last_seq, the seq hash sums a complete partition
+    1..last_seq has, and ``suspect``: whether its trades must be searched seq by seq
+    (anything but exactly one trade at each seq 1..last_seq, or trades with no marker).
+    ``buckets``: the settled day's ``collect_figures``. Returned as a local frame."""
+    got: dict[int, list[int]] = {}
+    for r in buckets.collect():
+        p = int(r["kafka_partition"])
+        n, lo, hi, sh, sl = (int(r[c]) for c in ("trades", "lo", "hi", "seq_hi", "seq_lo"))
+        if p in got:
+            a = got[p]
+            got[p] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + sh, a[4] + sl]
+        else:
+            got[p] = [n, lo, hi, sh, sl]
+    expected = expected_seq_sums(spark, set(markers.values()))
+    rows = []
+    for p in sorted(got.keys() | markers.keys()):
+        n, lo, hi, sh, sl = got.get(p, [0, None, None, 0, 0])
+        last = markers.get(p)
+        eh, el = expected.get(last or 0, (0, 0))
+        complete = last is not None and n == last and (
+            last == 0 or (lo == 1 and hi == last and (sh, sl) == (eh, el)))
+        rows.append((p, n, lo, hi, sh, sl, last, eh, el, not complete))
+    return spark.createDataFrame(rows, PARTITION_FIGURES_SCHEMA)
