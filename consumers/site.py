@@ -22,7 +22,15 @@ import psycopg
 
 from consumers.ledger import BEGINNING, Batch, BatchResult, Fenced, Ledger
 from consumers.metrics import SiteMetrics, stats_line
-from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
+from consumers.parse import (
+    Malformed,
+    close_marker,
+    copy_line,
+    decode,
+    fast_trade,
+    message_type,
+    trade_copy_line,
+)
 from settlement.config import Settings
 from settlement.contract import TRADE_HEADERS, group_id
 from settlement.kafka.admin import topic_partitions
@@ -266,9 +274,15 @@ class Site:
             n += 1
             next_offsets[p] = off + 1
             raw = m.value()
+            headers = m.headers()
+            if headers == TRADE_HEADERS:
+                fast = fast_trade(raw, max_bytes)
+                if fast is not None:  # the common plain trade, checked in C (consumers.parse)
+                    add_line(copy_line(fast, p, off, site))
+                    add_msg(m)
+                    continue
             try:
                 obj = decode(raw, max_bytes)
-                headers = m.headers()
                 kind = "trade" if headers == TRADE_HEADERS else message_type(headers)
                 if kind == "trade":
                     add_line(trade_copy_line(obj, p, off, site))

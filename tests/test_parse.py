@@ -173,3 +173,89 @@ def test_malformed_dates_never_fill_the_date_cache() -> None:
     assert len(parse._valid_dates) == 0
     _line(GOOD)
     assert GOOD["trade_date"] in parse._valid_dates
+
+
+# -- the fast path (msgspec) takes only what the slow path takes, with the same values ------
+
+
+def _slow(raw: bytes | None) -> tuple[object, ...] | None:
+    from consumers.parse import trade_values
+
+    try:
+        return tuple(trade_values(decode(raw, MAX_BYTES_TEST)))
+    except Malformed:
+        return None
+
+
+MAX_BYTES_TEST = 16384
+
+
+def _agree(values: list[bytes | None]) -> int:
+    """Every message the fast path accepts, the slow path accepts with the same values;
+    returns how many the fast path took."""
+    from consumers.parse import fast_trade
+
+    taken, wrong = 0, []
+    for raw in values:
+        fast = fast_trade(raw, MAX_BYTES_TEST)
+        if fast is not None:
+            taken += 1
+            if _slow(raw) != fast:
+                wrong.append((raw, fast, _slow(raw)))
+    assert not wrong, wrong[:5]
+    return taken
+
+
+def test_the_fast_path_agrees_with_the_parity_corpus() -> None:
+    from tests.strategies import TYPE_TRADE
+    from tests.test_parity import corpus_messages
+
+    msgs = [m for m, _, _ in corpus_messages() if m.headers in (None, TYPE_TRADE)]
+    values = [m.value for m in msgs]
+    taken = _agree(values)
+    # Not vacuous: it takes the plain valid trades of the corpus, and the slow path still
+    # accepts the rest of the valid ones (escapes, extra fields, whitespace...).
+    valid = sum(_slow(v) is not None for v in values)
+    assert 0 < taken < valid, (taken, valid)
+
+
+def test_the_fast_path_agrees_on_10000_generated_messages() -> None:
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import settings as settings_
+    from hypothesis import strategies as st
+
+    from tests.strategies import Builder, pools
+
+    seen: list[int] = []
+
+    @settings_(max_examples=5, deadline=None, database=None,
+               phases=[Phase.explicit, Phase.generate],
+               suppress_health_check=list(HealthCheck))
+    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    def check(pool: dict, seed: int) -> None:
+        builder = Builder(pool, seed)
+        seen.append(_agree([builder.message().value for _ in range(2_000)]))
+
+    check()
+    assert len(seen) == 5 and sum(seen) > 0, seen
+
+
+def test_the_fast_path_leaves_hostile_plain_looking_values_to_the_slow_path() -> None:
+    from consumers.parse import fast_trade
+
+    plain = json.dumps(GOOD, separators=(",", ":")).encode()
+    assert fast_trade(plain, MAX_BYTES_TEST) == _slow(plain)
+    for raw in (
+        plain.replace(b'"seq":1', b'"seq":1,"seq":2').replace(b'"symbol":"AAPL",', b""),
+        b"\xef\xbb\xbf" + plain,  # a byte order mark
+        plain.replace(b'"seq":1', b'"seq":true'),
+        plain.replace(b'"seq":1', b'"seq":1.0'),
+        plain.replace(b'"quantity":100', b'"quantity":1e2'),
+        plain.replace(b'"ACC0002"', b'"ACC0001"'),  # buyer = seller
+        plain.replace(b"187.2500", b"0.0000"),
+        plain.replace(b"2026-11-23T", b"2026-02-30T"),
+        plain + b"x",
+        plain[:-1] + b',"extra":1}',
+    ):
+        assert fast_trade(raw, MAX_BYTES_TEST) is None, raw
+    assert fast_trade(plain, len(plain) - 1) is None  # over the size limit

@@ -161,6 +161,7 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         close_marker,
         conflict_reason,
         decode,
+        fast_trade_values,
         fingerprint,
         marker_conflict_reason,
         trade_values,
@@ -192,9 +193,11 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                 "utf-8", "replace")
             kinds[i] = kind
             try:
-                obj = decode(values[i], max_bytes)
+                t = fast_trade_values(values[i], max_bytes) if kind == TRADE else None
+                if t is None:  # not a plain trade: the slow path decides (and says why)
+                    obj = decode(values[i], max_bytes)
                 if kind == TRADE:
-                    t = trade_values(obj)
+                    t = t or trade_values(obj)
                     fp = fingerprint(t) & mask
                     seen = seen_in.get(partitions[i])
                     if seen is None:
