@@ -201,7 +201,11 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     from settlement.spark.io import read_day
     from settlement.spark.session import build_session
     from settlement.spark.settle import settle_day
-    from settlement.validation.day import record_validation, validate_day
+    from settlement.validation.day import (
+        ledger_figures_ahead,
+        record_validation,
+        validate_day,
+    )
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -215,6 +219,9 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     read = settled = None
     finished = False  # a finished run's row is append-only (migration 0007)
     try:
+        # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while
+        # Spark reads and nets the day.
+        ahead = ledger_figures_ahead(settings, choice, trade_date) if validate else {}
         say("starting Spark")
         spark = build_session(settings, app_name=f"settlement-{trade_date}")
         say(f"reading the day from {choice.source}")
@@ -229,7 +236,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         if validate:
             say("validating (Great Expectations)")
             outcome = _timed(result.timings, "validate", lambda: validate_day(
-                settings, spark, trade_date, choice, read, settled.trades, result.positions))
+                settings, spark, trade_date, choice, read, settled.trades, result.positions,
+                ahead))
         pub = decide_publication(outcome, accept_incomplete)
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:

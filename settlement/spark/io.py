@@ -89,6 +89,11 @@ class DayRead:
     # Kafka: the day's figures per bucket (FIGURES_SCHEMA rows, validation's checksums),
     # taken in the pass that counted the read.
     figures: list[tuple[int, ...]] | None = None
+    # Kafka: every later copy of a trade in its partition was compared with the first and
+    # kept only when equal (a differing one is a dead letter), so copies can only disagree
+    # across partitions; and how many valid trades of other dates the range held.
+    copies_agree: bool = False
+    other_dates: int = 0
 
     def release(self) -> None:
         for df in self.cached:
@@ -137,7 +142,7 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
-        figures=facts.figures)
+        figures=facts.figures, copies_agree=True, other_dates=facts.other_dates)
 
 
 @dataclass
@@ -148,6 +153,7 @@ class _KafkaFacts:
     duplicates: int
     per_partition: dict[int, int]  # the day's first copies
     figures: list[tuple[int, ...]]  # their FIGURES_SCHEMA rows
+    other_dates: int = 0  # valid trades of any other date in the range
 
 
 def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
@@ -184,7 +190,9 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
             facts.duplicates += int(r["n"])
         elif r["what"] == "close" and r["d"] == trade_date:
             facts.closes[int(r["kafka_partition"])] = int(r["last_seq"])
-        elif r["what"] == "other_date" and r["d"] < trade_date:
+        elif r["what"] == "other_date":
+            facts.other_dates += int(r["n"])
+        if r["what"] == "other_date" and r["d"] < trade_date:
             # Trades of earlier dates in the day's range: late trades of those days.
             late = facts.late.setdefault(r["d"].isoformat(), {})
             late[int(r["kafka_partition"])] = int(r["n"])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -17,7 +19,7 @@ from settlement.db import connect, q
 from settlement.eod.model import NoSource, Position, SourceChoice
 from settlement.eod.sources import choose_db
 from settlement.spark import transforms as T
-from settlement.spark.figures import BUCKET_SEQS, Bucket, DaySide, bucket_sql
+from settlement.spark.figures import BUCKET_SEQS, Bucket, DaySide, Figures, bucket_sql
 from settlement.spark.io import DayRead, read_ledger
 from settlement.spark.schemas import POSITIONS_SCHEMA, TRADE_SCHEMA
 from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
@@ -36,16 +38,68 @@ def _ledger_frame(spark: SparkSession, settings: Settings, choice: SourceChoice,
     return frame
 
 
-def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, name: str,
-                trade_date: str) -> DaySide:
-    """A ledger's day as its bucket figures, taken by one SQL aggregate in PostgreSQL; the
-    trades of a bucket are read over JDBC only when its figures differ from the other
-    copy's."""
+@dataclass
+class Compared:
+    """Which ledgers a run's validation compares: the one (or the union of those) holding the
+    day for the Kafka reconciliation, and whether site A and site B are compared."""
+
+    ledgers: tuple[str, ...]
+    sites: bool
+    why_not: str | None = None  # no ledger holds the day (the reconciliation is skipped)
+
+
+def compared(settings: Settings, choice: SourceChoice, trade_date: str) -> Compared:
+    sites = {"a", "b"} <= set(choice.ledgers_with_trades())
+    try:
+        return Compared(choice.ledgers or choose_db(settings, trade_date, choice.partitions,
+                                                    choice.states)[0], sites)
+    except NoSource as e:
+        return Compared((), sites, str(e))
+
+
+LedgerFigures = dict[str, "Future[tuple[Figures, float]]"]
+
+
+def ledger_figures_ahead(settings: Settings, choice: SourceChoice, trade_date: str
+                         ) -> LedgerFigures:
+    """Start the SQL aggregates of the ledgers validation will compare by figures, each in
+    a thread, so that PostgreSQL computes them while Spark reads and nets the day. Only
+    ledgers the chooser found complete (their day no longer changes) or the site ledgers
+    at the close; a ledger-sourced run's own ledgers are compared in Spark instead."""
+    plan = compared(settings.for_component("settlement"), choice, trade_date)
+    names = set(plan.ledgers) if len(plan.ledgers) == 1 else set()
+    if plan.sites:
+        names |= {"a", "b"}
+    if choice.source != "kafka":
+        names -= set(choice.ledgers)  # read by the run itself
+    if not names:
+        return {}
+    pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="ledger-figures")
+    try:
+        return {n: pool.submit(_figures, settings.for_component("settlement"), n, trade_date)
+                for n in sorted(names)}
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _figures(settings: Settings, name: str, trade_date: str) -> tuple[Figures, float]:
     t0 = time.perf_counter()
     with connect(settings.ledger_dsn(name)) as conn:
         rows = conn.execute(q("ledger", "day_figures"), {
             "trade_date": trade_date, "bucket_seqs": BUCKET_SEQS}).fetchall()
-    figures = {(int(p), int(b)): (int(n), int(hi), int(lo)) for p, b, n, hi, lo in rows}
+    return ({(int(p), int(b)): (int(n), int(hi), int(lo)) for p, b, n, hi, lo in rows},
+            round(time.perf_counter() - t0, 3))
+
+
+def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, name: str,
+                trade_date: str, ahead: Future[tuple[Figures, float]] | None = None
+                ) -> DaySide:
+    """A ledger's day as its bucket figures, taken by one SQL aggregate in PostgreSQL (or
+    ``ahead``, started earlier); the trades of a bucket are read over JDBC only when its
+    figures differ from the other copy's."""
+    t0 = time.perf_counter()
+    figures, seconds = ahead.result() if ahead is not None else _figures(
+        settings, name, trade_date)
 
     def rows_in(buckets: list[Bucket]) -> DataFrame:
         if not buckets:
@@ -53,18 +107,22 @@ def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, n
         return read_ledger(spark, settings, choice, name, trade_date,
                            where=bucket_sql(buckets))
 
-    return DaySide(f"ledger_{name}", figures, rows_in, round(time.perf_counter() - t0, 3))
+    # What validation waited for: the aggregate's own time when it ran here, else the wait.
+    waited = round(time.perf_counter() - t0, 3)
+    return DaySide(f"ledger_{name}", figures, rows_in, waited if ahead is not None else seconds)
 
 
 def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
-                 positions: list[Position] | None) -> ValidationOutcome:
+                 positions: list[Position] | None,
+                 ahead: LedgerFigures | None = None) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     retention gaps the chooser found in the ledgers, the positions.
 
     A ledger the run already read (a ledger-sourced day) is compared in Spark; any other
-    by its figures in PostgreSQL (``ledger_side``), without reading its trades."""
+    by its figures in PostgreSQL (``ledger_side``; ``ahead``: those started early by
+    ``ledger_figures_ahead``), without reading its trades."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -72,27 +130,26 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         if name not in sides:
             held = read.ledgers.get(name)
             sides[name] = held if held is not None else ledger_side(
-                spark, settings, choice, name, trade_date)
+                spark, settings, choice, name, trade_date, (ahead or {}).get(name))
         return sides[name]
 
     ledger: DataFrame | DaySide | None = None
-    try:
-        ledgers = choice.ledgers or choose_db(settings, trade_date, choice.partitions,
-                                              choice.states)[0]
-    except NoSource as e:
-        ledgers, skip["reconcile_kafka_ledger"] = (), str(e)
-    if len(ledgers) == 1:
-        ledger = side(ledgers[0])
-    elif ledgers:
+    plan = compared(settings, choice, trade_date)
+    if plan.why_not is not None:
+        skip["reconcile_kafka_ledger"] = plan.why_not
+    if len(plan.ledgers) == 1:
+        ledger = side(plan.ledgers[0])
+    elif plan.ledgers:
         # No ledger is complete alone: their union, deduplicated, is the day (read in full:
         # figures of a union across two databases cannot be summed from each one's).
-        frames = [_ledger_frame(spark, settings, choice, read, n, trade_date) for n in ledgers]
+        frames = [_ledger_frame(spark, settings, choice, read, n, trade_date)
+                  for n in plan.ledgers]
         union = frames[0]
         for other in frames[1:]:
             union = union.unionByName(other)
         ledger = T.dedupe_trades(union)
     ledger_a = ledger_b = None
-    if {"a", "b"} <= set(choice.ledgers_with_trades()):
+    if plan.sites:
         ledger_a, ledger_b = side("a"), side("b")
     if positions is None:
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
@@ -109,6 +166,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         # The read's figures describe its deduplicated day, which is what was settled when
         # the settlement took the read's trades as they were.
         settled_figures=read.figures if trades is read.trades else None,
+        copies_agree_within_partitions=read.copies_agree,
+        as_read_only_the_day=read.copies_agree and read.other_dates == 0,
     )
 
 
