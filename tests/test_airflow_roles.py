@@ -183,3 +183,38 @@ def test_user_grants_are_checked() -> None:
             UserGrant.parse(bad)
     with pytest.raises(ConfigError, match="SETTLE_TEST_UNSET_PW"):
         UserGrant.parse("auditor:a:SETTLE_TEST_UNSET_PW").password()
+
+
+def test_a_permission_sync_racing_the_grants_is_retried(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The api-server's start syncs FAB's permissions while the one-shot does the same: the
+    unique violation the loser gets is retried (a stack start failed on it once), and a
+    violation that persists is raised after the last attempt."""
+    from sqlalchemy.exc import IntegrityError
+
+    from settlement.orchestration import fab_users
+
+    monkeypatch.setenv("SETTLE_TEST_PW", "a-long-enough-password")
+    grants = [fab_users.UserGrant("auditor", "a", "SETTLE_TEST_PW")]
+    calls: list[dict[str, str]] = []
+
+    def collide_once(g: list, passwords: dict[str, str]) -> dict:
+        calls.append(passwords)
+        if len(calls) == 1:
+            raise IntegrityError("INSERT INTO ab_permission_view_role", {}, Exception("dup"))
+        return {"a": {"role": "Viewer", "result": "created"}}
+
+    monkeypatch.setattr(fab_users, "_apply", collide_once)
+    assert fab_users.apply_user_grants(grants, pause=0) == {
+        "a": {"role": "Viewer", "result": "created"}}
+    assert calls == [{"a": "a-long-enough-password"}] * 2
+
+    def always(g: list, passwords: dict[str, str]) -> dict:
+        calls.append(passwords)
+        raise IntegrityError("INSERT", {}, Exception("dup"))
+
+    calls.clear()
+    monkeypatch.setattr(fab_users, "_apply", always)
+    with pytest.raises(IntegrityError):
+        fab_users.apply_user_grants(grants, pause=0)
+    assert len(calls) == fab_users.ATTEMPTS

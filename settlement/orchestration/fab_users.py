@@ -15,6 +15,7 @@ command line (``airflow users create -p`` would put it in ``ps``):
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +43,32 @@ class UserGrant:
         return env_password(self.password_env, f"Airflow user {self.user}", 12)
 
 
-def apply_user_grants(grants: list[UserGrant]) -> dict[str, Any]:
-    """Create or update each user with exactly its role, in Airflow's metadata database."""
-    from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+# FAB syncs its roles and permissions whenever an application starts, so this one-shot and
+# the api-server starting beside it can insert the same permission rows at once: the loser
+# gets a unique violation, and on the next attempt finds the rows there.
+ATTEMPTS = 5
+
+
+def apply_user_grants(grants: list[UserGrant], pause: float = 2.0) -> dict[str, Any]:
+    """Create or update each user with exactly its role, in Airflow's metadata database;
+    retried (``ATTEMPTS``, ``pause`` seconds more each time) when a concurrent permission
+    sync collides with this one."""
+    from sqlalchemy.exc import IntegrityError
 
     passwords = {g.user: g.password() for g in grants}  # all checked before any change
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return _apply(grants, passwords)
+        except IntegrityError:
+            if attempt == ATTEMPTS:
+                raise
+            time.sleep(pause * attempt)
+    raise AssertionError("unreachable")
+
+
+def _apply(grants: list[UserGrant], passwords: dict[str, str]) -> dict[str, Any]:
+    from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+
     out: dict[str, Any] = {}
     with get_application_builder() as appbuilder:
         sm = appbuilder.sm

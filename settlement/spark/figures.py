@@ -2,13 +2,15 @@
 
 A day is cut into buckets, ``(kafka_partition, seq div BUCKET_SEQS)``. One aggregate per copy
 of the day gives each bucket's figures: the trade count, the lowest and highest seq, the sum
-of a 64-bit hash of each seq and the sum of a 64-bit hash of each trade's canonical row.
+of a 64-bit hash of each seq and of each trade's canonical row (each summed as its two
+32-bit halves).
 Two copies of a day whose buckets all have the same figures hold the same trades, up to a
 64-bit hash collision (the row hash is md5's first eight bytes: nobody can aim a trade at
 another's hash sum without being able to write to both copies). Only buckets whose figures
 differ are then compared trade by trade, so a lost, extra or altered trade is still named,
-and a good day costs one scan of the settled day plus one SQL aggregate per ledger instead
-of moving every ledger row into Spark and joining it both ways.
+and a good day costs one aggregate of the settled day (taken in the Kafka read's counting
+pass) plus one SQL aggregate per ledger instead of moving every ledger row into Spark and
+joining it both ways.
 
 The canonical row and the hash are written twice, for Spark (``row_hash``) and for
 PostgreSQL (``sql/queries/ledger.sql``, ``day_figures``); ``tests/test_parity.py`` holds them
@@ -31,11 +33,6 @@ BUCKET_SEQS = 1 << 16
 # Between fields of the canonical row: the contract refuses control characters in text
 # (``settlement.contract.CONTROL_CHARS``), so no field can contain the separator.
 SEPARATOR = "\x1f"
-# The fields hashed, in this order, each rendered as text the same way in Spark and in
-# PostgreSQL: the date as days since 1970-01-01, the price as its integer count of 1/10,000
-# (scale 4), executed_at as microseconds since the epoch, the rest as they are.
-HASHED = ("trade_id", "trade_date", "seq", "kafka_partition", "symbol", "price", "quantity",
-          "buyer", "seller", "executed_at")
 Bucket = tuple[int, int]  # (kafka_partition, bucket)
 FIGURES_SCHEMA = ("kafka_partition int, bucket long, trades long, lo long, hi long, "
                   "seq_hi long, seq_lo long, row_hi long, row_lo long")
@@ -52,7 +49,10 @@ def _halves(h: Column) -> tuple[Column, Column]:
 
 def row_hash() -> tuple[Column, Column]:
     """The trade's canonical row hashed: md5 of the fields joined by SEPARATOR, its first 8
-    bytes as two unsigned 32-bit halves (the SQL's ``('x' || ...)::bit(32)::bigint``)."""
+    bytes as two unsigned 32-bit halves (the SQL's ``('x' || ...)::bit(32)::bigint``).
+    Every field of the ledger row but the offset, each rendered as text the same way in
+    Spark and PostgreSQL: the date as days since 1970-01-01, the price as its integer count
+    of 1/10,000 (scale 4), executed_at as microseconds since the epoch, the rest as is."""
     text = F.concat_ws(
         SEPARATOR,
         F.col("trade_id"), F.unix_date("trade_date").cast("string"),

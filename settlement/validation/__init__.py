@@ -69,12 +69,14 @@ def validate_frames(
     ``copies_agree_within_partitions``: the reader compared every later copy of a trade in
     its partition with the first (the Kafka reader does; ``read_copies`` is then skipped when
     the ledger's checksums prove the day's trade ids unique and the read held only the
-    day's trades, the only cases left where it could fail). A ledger is a
-    frame or a ``DaySide`` (its figures taken in PostgreSQL, its trades fetched by bucket).
+    day's trades, the only cases left where it could fail); ``as_read_only_the_day``: the
+    read held no trade of another date (``read_dates`` cannot fail). A ledger is a frame or
+    a ``DaySide`` (its figures taken in PostgreSQL, its trades fetched by bucket).
 
-    The settled day is scanned once for its figures (``settlement.spark.figures``); the checks
-    then read the figures and, trade by trade, only the partitions and buckets whose figures
-    say something is wrong (``figures`` in the outcome says which).
+    The settled day's figures (``settlement.spark.figures``) are taken once, or handed over
+    by the read (``settled_figures``); the checks then read the figures and, trade by trade,
+    only the partitions and buckets whose figures say something is wrong (``figures`` in the
+    outcome says which).
     """
     run_params = spark.createDataFrame(
         [(dt.date.fromisoformat(trade_date), partitions)], "trade_date date, partitions int")
