@@ -429,6 +429,10 @@ def test_airflow_runs_as_separate_components() -> None:
         assert svc["image"] == APP_IMAGE
         assert svc["depends_on"]["airflow-init"]["condition"] == \
             "service_completed_successfully", name
+        # FAB's permission sync in two processes at once dies on a unique violation (a stack
+        # start failed so): the components start once airflow-users has written the rows.
+        assert svc["depends_on"]["airflow-users"]["condition"] == \
+            "service_completed_successfully", name
         assert "healthcheck" in svc, name
         assert "airflow-logs:/app/airflow/logs" in svc["volumes"], name
     api = SERVICES["airflow-apiserver"]

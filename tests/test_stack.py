@@ -55,6 +55,22 @@ def test_a_password_dsn_reaches_the_job_as_a_url_its_settings_accept() -> None:
                     "sslrootcert": "/certs/ca.crt", "passfile": "/tmp/run dir+x/pgpass"}
 
 
+def test_a_failed_one_shot_is_reported_with_the_end_of_its_log() -> None:
+    # CI once printed only "airflow-users failed (exit 1)": the stack was removed after the
+    # failure, and with it the log that said why.
+    from settlement.errors import ServiceError
+    from settlement.stack.compose import _not_ready
+
+    containers = {"airflow-init": {"State": "exited", "ExitCode": 0},
+                  "kafka-1": {"State": "running", "Health": "starting"}}
+    assert _not_ready(containers) == {"kafka-1": "starting"}
+    containers["airflow-users"] = {"State": "exited", "ExitCode": 1}
+    with pytest.raises(ServiceError) as failed:
+        _not_ready(containers, lambda svc: f"{svc} | IntegrityError: duplicate key")
+    assert "airflow-users failed (exit 1)" in str(failed.value)
+    assert "airflow-users | IntegrityError: duplicate key" in str(failed.value)
+
+
 def _report_opens_with_a_login_only(url: str, trade_date: str) -> None:
     import urllib.error
     import urllib.request

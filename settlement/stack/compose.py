@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,16 @@ class Stack:
     def env(self) -> dict[str, str]:
         return envfile.read_env(self.env_path)
 
+    def logs_tail(self, service: str, lines: int = 40) -> str:
+        """The last ``lines`` of a service's log, for an error message: a stack that stops
+        itself after a failure (the tests do) leaves nothing to read afterwards."""
+        try:
+            out = self.compose("logs", "--no-color", "--tail", str(lines), service,
+                               check=False, timeout=60)
+        except ServiceError as exc:  # the failure being reported matters more than its log
+            return f"(its log could not be read: {exc})"
+        return (out.stdout + out.stderr).strip()[-4000:]
+
     def containers(self) -> dict[str, dict[str, Any]]:
         """service -> its container's state (docker compose ps -a)."""
         out = self.compose("ps", "-a", "--format", "json").stdout
@@ -74,15 +85,17 @@ def open_stack(root: Path, log: Log) -> Stack:
     return Stack(root, tuple(compose_binary(root / ".cache" / "stack", log)))
 
 
-def _not_ready(containers: dict[str, dict[str, Any]]) -> dict[str, str]:
+def _not_ready(containers: dict[str, dict[str, Any]],
+               logs_tail: Callable[[str], str] | None = None) -> dict[str, str]:
     waiting = {}
     for svc, c in containers.items():
         if svc in ONE_SHOT:
             if c["State"] != "exited":
                 waiting[svc] = c["State"]
             elif c.get("ExitCode", 0) != 0:
-                raise ServiceError(f"{svc} failed (exit {c['ExitCode']}): `docker compose "
-                                   f"logs {svc}` (make stack-logs) says why")
+                raise ServiceError(f"{svc} failed (exit {c['ExitCode']}); the end of its log "
+                                   f"(all of it: `docker compose logs {svc}`, make stack-logs):"
+                                   f"\n{logs_tail(svc) if logs_tail else '(not read)'}")
         elif c["State"] != "running":
             waiting[svc] = c["State"]
         elif c.get("Health") not in ("", None, "healthy"):
@@ -94,7 +107,7 @@ def wait_ready(stack: Stack, log: Log, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while True:
-        waiting = _not_ready(stack.containers())
+        waiting = _not_ready(stack.containers(), stack.logs_tail)
         if not waiting:
             return
         text = ", ".join(f"{k} {v}" for k, v in sorted(waiting.items()))
