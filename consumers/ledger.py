@@ -25,7 +25,14 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from consumers.parse import conflict_reason, marker_conflict_reason
+from consumers.parse import (
+    AmendedTrade,
+    Amendment,
+    amendment_conflict_reason,
+    amendment_refusal,
+    conflict_reason,
+    marker_conflict_reason,
+)
 from settlement.contract import STAGE_COLUMNS
 from settlement.db import q
 
@@ -75,6 +82,8 @@ class Batch:
     trade_messages: list[KafkaMessage] = field(default_factory=list)
     dead_letters: list[dict[str, Any]] = field(default_factory=list)
     close_markers: list[dict[str, Any]] = field(default_factory=list)  # with the raw value
+    # Cancels and corrections: {"a": Amendment, "partition", "offset", "raw"}, in offset order.
+    amendments: list[dict[str, Any]] = field(default_factory=list)
     next_offsets: dict[int, int] = field(default_factory=dict)  # partition -> last offset + 1
     messages: int = 0
 
@@ -85,7 +94,7 @@ class BatchResult:
     duplicates: int
     dead_letters: int  # all dead letters written, late and refused ones included
     close_markers: int
-    late: int = 0  # trades after their day's close marker on their partition
+    late: int = 0  # trades (and amendments) after their day's close marker on their partition
     refused: int = 0  # messages the database refused (data errors), dead-lettered
     seconds: float = 0.0
 
@@ -345,6 +354,11 @@ class Ledger:
                         dead.append(self._dead_message(
                             by_pos[(p, off)], conflict_reason(trade_id, kept_p, kept_off)))
                         conflicting += 1
+            # 5c. Cancels and corrections, after the trades they may amend (a handful a day).
+            amended = dups_a = 0
+            if batch.amendments:
+                amended, dups_a, bad_a = self._amendments(cur, batch.amendments)
+                dead += bad_a
             # 6. Dead letters (those of the parser, the late, refused and conflicting ones).
             if dead and careful:
                 _, bad_d = bisect(conn, dead, lambda ds: self._dead_letters(cur, ds))
@@ -358,7 +372,8 @@ class Ledger:
             # 7. The offsets and the batch's row, in the same transaction.
             cur.execute(q("ingest", "store_offsets"), self._params(
                 partitions=parts, next_offsets=[batch.next_offsets[p] for p in parts]))
-            duplicates = n_staged - inserted - conflicting
+            duplicates = n_staged - inserted - conflicting + dups_a
+            inserted += amended
             cur.execute(q("ingest", "insert_batch"), self._params(
                 messages=batch.messages, inserted=inserted, duplicates=duplicates,
                 dead_letters=len(dead), close_markers=n_markers, partitions=parts,
@@ -403,6 +418,60 @@ class Ledger:
                         m["trade_date"], m["partition"], m["last_seq"], int(kept[0]),
                         int(kept[1])))
         return new
+
+    def _amendments(self, cur: psycopg.Cursor[Any], amendments: Sequence[dict[str, Any]]
+                    ) -> tuple[int, int, list[dict[str, Any]]]:
+        """Store the batch's cancels and corrections in offset order, each checked as the
+        Kafka read checks it (``consumers.parse.amendment_refusal``). Returns (stored,
+        replays suppressed, dead letters). One at a time inside a savepoint: the ledger may
+        refuse one (a constraint) without losing the others."""
+        stored = dups = 0
+        dead: list[dict[str, Any]] = []
+        for m in amendments:
+            a: Amendment = m["a"]
+            p, off = m["partition"], m["offset"]
+            reason = self._amendment_refusal(cur, a, p, off)
+            if reason == "replay":
+                dups += 1
+                continue
+            if reason is None:
+                v = a.values
+                try:
+                    with cur.connection.transaction():
+                        cur.execute(q("ingest", "insert_amendment"), self._params(
+                            trade_id=a.trade_id, trade_date=a.trade_date, seq=a.seq,
+                            partition=p, offset=off, kind=a.kind, version=a.version,
+                            reason=a.reason,
+                            **_corrected(v)))
+                    stored += 1
+                    continue
+                except psycopg.Error as e:
+                    if not is_permanent(e):
+                        raise
+                    reason = db_reason(e)
+            dead.append(self._dead(partition=p, offset=off, raw=m["raw"], reason=reason,
+                                   trade_date=a.trade_date))
+        return stored, dups, dead
+
+    def _amendment_refusal(self, cur: psycopg.Cursor[Any], a: Amendment, p: int, off: int
+                           ) -> str | None:
+        """Why ``a`` may not be stored ("replay" for an equal copy of a stored one), or None."""
+        closed = cur.execute(q("ingest", "stored_close_marker"),
+                             {"trade_date": a.trade_date, "partition": p}).fetchone()
+        if closed is not None and int(closed[1]) < off:
+            return f"late: trade_date {a.trade_date} closed on partition {p} at offset {closed[1]}"
+        copy = cur.execute(q("ingest", "amendment_copy"), {
+            "trade_id": a.trade_id, "kind": a.kind, "version_key": a.version or 0,
+            "seq": a.seq, "reason": a.reason, **_corrected(a.values)}).fetchone()
+        if copy is not None:
+            return "replay" if copy[2] else amendment_conflict_reason(a, int(copy[0]),
+                                                                       int(copy[1]))
+        row = cur.execute(q("ingest", "amended_trade"), {"trade_id": a.trade_id}).fetchone()
+        trade = None
+        # The trade must be on the amendment's partition, before it (as the Kafka read sees it).
+        if row is not None and int(row[1]) == p and int(row[2]) < off:
+            trade = AmendedTrade(row[0].isoformat(), int(row[3]), bool(row[4]))
+        return amendment_refusal(a, trade)
 
     def _insert_subset(self, cur: psycopg.Cursor[Any], keys: Sequence[tuple[int, int]]) -> int:
         cur.execute(q("ingest", "insert_staged_subset"), {
@@ -455,3 +524,11 @@ class Ledger:
 def _positions(msgs: list[KafkaMessage], indexes: list[int]) -> dict[tuple[int, int], Any]:
     """(partition, offset) -> message, for the staged lines (built only off the clean path)."""
     return {(msgs[i].partition(), msgs[i].offset()): msgs[i] for i in indexes}
+
+
+def _corrected(v: Any) -> dict[str, Any]:
+    """A correction's new values as statement parameters (all None for a cancel)."""
+    if v is None:
+        return dict.fromkeys(("symbol", "price", "quantity", "buyer", "seller", "executed_at"))
+    return {"symbol": v.symbol, "price": v.price, "quantity": v.quantity, "buyer": v.buyer,
+            "seller": v.seller, "executed_at": v.executed_at}

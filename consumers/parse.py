@@ -21,8 +21,10 @@ import orjson
 
 from settlement.contract import (
     BUYER,
+    CANCEL,
     CLOSE_LAST_SEQ,
     CLOSE_PARTITION,
+    CORRECT,
     DATE_PATTERN,
     EXECUTED_AT_PATTERN,
     MAX_DEPTH,
@@ -30,9 +32,11 @@ from settlement.contract import (
     MAX_NUMBER_LENGTH,
     MISSING_TYPE_MEANS,
     NONZERO_PATTERN,
+    ORIGINAL_VERSION,
     PRICE_PATTERN,
     PRINTABLE_PATTERN,
     QUANTITY,
+    REASON,
     SELLER,
     SEQ,
     STRING_FIELDS,
@@ -41,6 +45,7 @@ from settlement.contract import (
     TRADE_FIELDS,
     TRADE_ID,
     TYPE_HEADER,
+    VERSION,
 )
 
 _DATE = re.compile(DATE_PATTERN)
@@ -322,9 +327,56 @@ def close_marker(obj: dict[str, object], partition: int) -> CloseMarker:
     return CloseMarker(str(trade_date), partition, last_seq)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class Amendment:
+    """A cancel or a correction the contract accepts. ``seq`` is the amendment's own (its
+    partition's next); a correction carries the whole corrected trade in ``values``
+    (``trade_values``' order, whose seq is the amendment's) and its ``version``."""
+
+    kind: str  # CANCEL | CORRECT
+    trade_id: str
+    trade_date: str
+    seq: int
+    version: int | None  # corrections only
+    reason: str | None  # cancels only
+    values: TradeValues | None  # corrections only
+
+
+def amendment(obj: dict[str, object], kind: str) -> Amendment:
+    """Validate a cancel or a correction (``kind``) against the contract; raises
+    ``Malformed`` with the reason."""
+    if kind == CANCEL:
+        try:
+            trade_id, trade_date, seq, reason = (
+                obj["trade_id"], obj["trade_date"], obj["seq"], obj["reason"])
+        except KeyError as e:
+            raise Malformed(f"cancel: missing field {e.args[0]!r}") from None
+        for field, v in ((TRADE_ID, trade_id), (REASON, reason)):
+            if type(v) is not str or not 0 < len(v) <= field.max_length:
+                raise Malformed(f"cancel: {field.name} must be a string of 1 to "
+                                f"{field.max_length} characters")
+            if not v.isprintable() and _PRINTABLE.fullmatch(v) is None:
+                raise Malformed(f"cancel: {field.name} must not contain control characters")
+        _date(trade_date, "trade_date")
+        _int(seq, SEQ.name, SEQ.minimum, SEQ.maximum)
+        return Amendment(CANCEL, trade_id, trade_date, seq, None, reason,  # type: ignore[arg-type]
+                         None)
+    try:
+        version = obj["version"]
+    except KeyError:
+        raise Malformed("correction: missing field 'version'") from None
+    try:
+        t = trade_values(obj)
+    except Malformed as e:
+        raise Malformed(f"correction: {e}") from None
+    _int(version, VERSION.name, VERSION.minimum, VERSION.maximum)
+    return Amendment(kind, t.trade_id, t.trade_date, t.seq, version, None, t)  # type: ignore[arg-type]
+
+
 def message_type(headers: list[tuple[str, bytes]] | None) -> str:
     """The first ``type`` header's value ('' when it is null); a message without one is a
-    trade. Any value but 'trade' or 'close' makes the caller dead-letter the message."""
+    trade. Any value but 'trade', 'close', 'cancel' or 'correct' makes the caller
+    dead-letter the message."""
     if headers:
         for k, v in headers:
             if k == TYPE_HEADER:
@@ -370,3 +422,58 @@ def marker_conflict_reason(trade_date: str, partition: int, last_seq: int, kept_
     sequence number differs from the one kept."""
     return (f"conflicting close marker of {trade_date} on partition {partition}: last_seq "
             f"{last_seq}, the marker kept at offset {kept_offset} says {kept_seq}")
+
+
+# -- amendments: what makes a cancel or a correction refer to a trade it may amend -------------
+# The sites (in the ledger, consumers.ledger) and the end of day's Kafka read (in its worker,
+# settlement.spark.parse) hold the same state per trade and call the same function, in offset
+# order along the trade's partition, so both dead-letter the same amendments for the same
+# reasons. A cancel or correction is never held back waiting for its trade: both go to the
+# trade's partition after it, so one whose trade is not there before it can never become
+# valid (an upstream bug): a dead letter at once, with the reason.
+@dataclass(slots=True)
+class AmendedTrade:
+    """What the amendments of a trade are checked against."""
+
+    trade_date: str
+    version: int = ORIGINAL_VERSION
+    cancelled: bool = False
+
+
+def _what(a: Amendment) -> str:
+    return (f"cancel of trade {a.trade_id[:80]!r}" if a.kind == CANCEL
+            else f"correction (version {a.version}) of trade {a.trade_id[:80]!r}")
+
+
+def amendment_refusal(a: Amendment, trade: AmendedTrade | None) -> str | None:
+    """The dead-letter reason of an amendment that may not apply to ``trade`` (None: the
+    trade id is unknown on the amendment's partition before it), or None when it applies."""
+    if trade is None:
+        return f"{_what(a)}: unknown trade (no such trade before it on its partition)"
+    if trade.trade_date != a.trade_date:
+        return f"{_what(a)}: the trade is dated {trade.trade_date}, the amendment {a.trade_date}"
+    if trade.cancelled:
+        return f"{_what(a)}: the trade is cancelled"
+    if a.kind == CORRECT and a.version <= trade.version:  # type: ignore[operator]
+        return (f"{_what(a)}: version {a.version} is not above the trade's current version "
+                f"{trade.version}")
+    return None
+
+
+def apply_amendment(a: Amendment, trade: AmendedTrade) -> None:
+    """``trade`` once the accepted ``a`` applies."""
+    if a.kind == CANCEL:
+        trade.cancelled = True
+    else:
+        trade.version = a.version  # type: ignore[assignment]
+
+
+def amendment_fingerprint(a: Amendment) -> int:
+    """Equal exactly when two copies of an amendment (one identity: trade id, kind, version)
+    are the same message in the ledger's typed terms: a replay. Else a conflicting replay."""
+    return hash((a.seq, a.reason, fingerprint(a.values) if a.values is not None else None))
+
+
+def amendment_conflict_reason(a: Amendment, kept_partition: int, kept_offset: int) -> str:
+    return (f"conflicting replay of the {_what(a)}: its fields differ from the copy kept at "
+            f"partition {kept_partition} offset {kept_offset}")

@@ -24,6 +24,7 @@ from consumers.ledger import BEGINNING, Batch, BatchResult, Fenced, Ledger
 from consumers.metrics import SiteMetrics, stats_line
 from consumers.parse import (
     Malformed,
+    amendment,
     close_marker,
     copy_line,
     decode,
@@ -32,7 +33,7 @@ from consumers.parse import (
     trade_copy_line,
 )
 from settlement.config import Settings
-from settlement.contract import TRADE_HEADERS, group_id
+from settlement.contract import AMENDMENTS, TRADE_HEADERS, group_id
 from settlement.kafka.admin import topic_partitions
 
 log = logging.getLogger("settle.site")
@@ -292,6 +293,9 @@ class Site:
                     batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
                                                 "last_seq": cm.last_seq, "offset": off,
                                                 "raw": raw})
+                elif kind in AMENDMENTS:
+                    batch.amendments.append({"a": amendment(obj, kind), "partition": p,
+                                             "offset": off, "raw": raw})
                 else:
                     raise Malformed(f"unknown message type header {kind!r}")
             except Malformed as e:

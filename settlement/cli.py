@@ -302,7 +302,8 @@ def cmd_simulate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     spec = SimulationSpec(
         trade_date=args.date, trades=args.trades, seed=args.seed, dup_rate=args.dup_rate,
         bad_rate=args.bad_rate, abort_rate=args.abort_rate, rate=args.rate,
-        hostile_names=args.hostile_names,
+        hostile_names=args.hostile_names, cancel_rate=args.cancel_rate,
+        correct_rate=args.correct_rate,
     )
     require_services(s, postgres=False)
     return simulate(s, spec, progress=not args.json and sys.stderr.isatty())
@@ -584,6 +585,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="malformed messages per trade")
     sp.add_argument("--abort-rate", type=_rate, default=0.0,
                     help="fraction of transactions aborted (then re-sent)")
+    sp.add_argument("--cancel-rate", type=_rate, default=0.0,
+                    help="fraction of trades busted later in the day (a cancel message)")
+    sp.add_argument("--correct-rate", type=_rate, default=0.0,
+                    help="fraction of trades corrected later in the day (version 2; a "
+                         "quarter of them again, version 3)")
     sp.add_argument("--rate", type=_positive, default=None,
                     help="pace the day at this many trades/s (default: as fast as possible)")
     sp.add_argument("--hostile-names", action="store_true",

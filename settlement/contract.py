@@ -27,8 +27,16 @@ from dataclasses import dataclass
 TYPE_HEADER = "type"
 TRADE = "trade"
 CLOSE = "close"
+# Amendments of a trade already sent (FIX ExecType H, trade cancel; G, trade correct): they go
+# to the partition of the trade they amend (same key), take that partition's next seq and
+# count in its close marker's last_seq, like a trade.
+CANCEL = "cancel"
+CORRECT = "correct"
+AMENDMENTS = (CANCEL, CORRECT)
 TRADE_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, TRADE.encode())]
 CLOSE_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, CLOSE.encode())]
+CANCEL_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, CANCEL.encode())]
+CORRECT_HEADERS: list[tuple[str, bytes]] = [(TYPE_HEADER, CORRECT.encode())]
 # A message without a type header is a trade (lenient toward older producers); a type header
 # whose value is null, empty or anything else makes the message a dead letter.
 MISSING_TYPE_MEANS = TRADE
@@ -122,6 +130,17 @@ TRADE_FIELDS = ("trade_id", "trade_date", "seq", "symbol", "price", "quantity", 
 # Fields that are JSON strings on the wire.
 STRING_FIELDS = ("trade_id", "trade_date", "symbol", "price", "buyer", "seller", "executed_at")
 
+# A cancel: {"trade_id", "trade_date", "seq", "reason"}; seq is the cancel's own. A correction:
+# the whole trade again (TRADE_FIELDS, seq its own) and "version"; the original trade is
+# version 1 and the highest version wins. Neither may move a trade to another date.
+REASON = TextField("reason", 256)
+CANCEL_FIELDS = ("trade_id", "trade_date", "seq", "reason")
+ORIGINAL_VERSION = 1
+VERSION = IntField("version", ORIGINAL_VERSION + 1, 2**31 - 1)
+CORRECT_FIELDS = (*TRADE_FIELDS, "version")
+# What a correction may change: the economic fields (identity and date stay the trade's).
+CORRECTED_FIELDS = ("symbol", "price", "quantity", "buyer", "seller", "executed_at")
+
 CLOSE_PARTITION = IntField("partition", 0, MAX_PARTITION)
 CLOSE_LAST_SEQ = IntField("last_seq", 0, MAX_SEQ)
 CLOSE_FIELDS = ("trade_date", "partition", "last_seq")
@@ -132,6 +151,10 @@ LEDGER_COLUMNS = ("trade_id", "trade_date", "seq", "kafka_partition", "kafka_off
                   "price", "quantity", "buyer", "seller", "executed_at")
 # The COPY into a site's staging table: the ledger row and the site that wrote it.
 STAGE_COLUMNS = (*LEDGER_COLUMNS, "site")
+# Columns of `trade_amendments` that settlement reads (sql/migrations/0009_amendments.sql);
+# a cancel leaves version and the corrected fields NULL, a correction leaves reason NULL.
+AMENDMENT_COLUMNS = ("trade_id", "trade_date", "seq", "kafka_partition", "kafka_offset", "kind",
+                     "version", "reason", *CORRECTED_FIELDS)
 
 # -- Kafka names other tools rely on (ACLs, drills, the status view) -------------------------
 # The gateway's transactional.id; Kafka ACLs grant the gateway user this prefix.

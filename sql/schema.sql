@@ -244,6 +244,32 @@ CREATE SEQUENCE public.site_heartbeats_id_seq
     NO MAXVALUE
     CACHE 1;
 ALTER SEQUENCE public.site_heartbeats_id_seq OWNED BY public.site_heartbeats.id;
+CREATE TABLE public.trade_amendments (
+    trade_id text NOT NULL,
+    trade_date date NOT NULL,
+    seq bigint NOT NULL,
+    kafka_partition integer NOT NULL,
+    kafka_offset bigint NOT NULL,
+    kind text NOT NULL,
+    version integer,
+    reason text,
+    symbol text,
+    price numeric(18,4),
+    quantity bigint,
+    buyer text,
+    seller text,
+    executed_at timestamp with time zone,
+    site text NOT NULL,
+    ingested_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT trade_amendments_check CHECK ((((kind = 'correct'::text) = (version IS NOT NULL)) AND ((version IS NULL) OR (version >= 2)))),
+    CONSTRAINT trade_amendments_check1 CHECK (((kind = 'cancel'::text) = (reason IS NOT NULL))),
+    CONSTRAINT trade_amendments_check2 CHECK ((seller <> buyer)),
+    CONSTRAINT trade_amendments_check3 CHECK (((kind = 'correct'::text) = ((symbol IS NOT NULL) AND (price IS NOT NULL) AND (quantity IS NOT NULL) AND (buyer IS NOT NULL) AND (seller IS NOT NULL) AND (executed_at IS NOT NULL)))),
+    CONSTRAINT trade_amendments_kind_check CHECK ((kind = ANY (ARRAY['cancel'::text, 'correct'::text]))),
+    CONSTRAINT trade_amendments_price_check CHECK ((price > (0)::numeric)),
+    CONSTRAINT trade_amendments_quantity_check CHECK ((quantity > 0)),
+    CONSTRAINT trade_amendments_seq_check CHECK ((seq > 0))
+);
 CREATE TABLE public.trades (
     trade_id text NOT NULL,
     trade_date date NOT NULL,
@@ -306,6 +332,8 @@ CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);
 CREATE INDEX site_heartbeats_time ON public.site_heartbeats USING btree (beat_at);
+CREATE INDEX trade_amendments_date_partition_seq ON public.trade_amendments USING btree (trade_date, kafka_partition, seq);
+CREATE UNIQUE INDEX trade_amendments_identity ON public.trade_amendments USING btree (trade_id, kind, COALESCE(version, 0));
 CREATE INDEX trades_date_partition_seq ON public.trades USING btree (trade_date, kafka_partition, seq);
 CREATE TRIGGER settlement_runs_append_only BEFORE UPDATE ON public.settlement_runs FOR EACH ROW EXECUTE FUNCTION public.settlement_runs_append_only();
 ALTER TABLE ONLY public.audit_reports

@@ -10,6 +10,7 @@ second, non-idempotent producer, malformed messages, and aborted transactions.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import random
 import time
@@ -20,7 +21,16 @@ from decimal import Decimal
 from typing import Any
 
 from settlement.config import Settings
-from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS, TRADE_ID, TRANSACTIONAL_ID
+from settlement.contract import (
+    CANCEL,
+    CANCEL_HEADERS,
+    CLOSE_HEADERS,
+    CORRECT,
+    CORRECT_HEADERS,
+    TRADE_HEADERS,
+    TRADE_ID,
+    TRANSACTIONAL_ID,
+)
 from settlement.kafka.admin import topic_partitions
 from settlement.simulator.hostile import (
     CONTROL_ACCOUNT,
@@ -121,6 +131,66 @@ class JsonTrade(Trade):
 
 
 @dataclass(frozen=True)
+class Amend:
+    """A cancel or a correction of ``trade``, sent after it on its partition with the
+    partition's next ``seq`` (the contract's amendments, settlement.contract)."""
+
+    kind: str  # CANCEL | CORRECT
+    trade: Trade
+    seq: int
+    version: int = 0  # corrections: 2, 3, ...
+    price: Decimal | None = None  # corrections: the new values (symbol and accounts stay)
+    quantity: int | None = None
+
+    @property
+    def partition(self) -> int:
+        return self.trade.partition
+
+    @property
+    def symbol(self) -> str:
+        return self.trade.symbol
+
+    @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        return CANCEL_HEADERS if self.kind == CANCEL else CORRECT_HEADERS
+
+    def corrected(self) -> Trade:
+        """The trade as this correction states it (its own seq on the wire)."""
+        t = self.trade
+        return type(t)(t.trade_id, t.trade_date, self.seq, t.partition, t.symbol,
+                       self.price or t.price, self.quantity or t.quantity, t.buyer, t.seller,
+                       t.executed_at)
+
+    def value(self) -> bytes:
+        if self.kind == CANCEL:
+            return json.dumps({"trade_id": self.trade.trade_id,
+                               "trade_date": self.trade.trade_date, "seq": self.seq,
+                               "reason": "trade break: erroneous execution"},
+                              ensure_ascii=False).encode()
+        body = json.loads(self.corrected().value())
+        return json.dumps({**body, "version": self.version}, ensure_ascii=False).encode()
+
+
+def final_trades(events: Iterator[Trade | Amend]) -> list[Trade]:
+    """The day's trades in their final states: each with its highest correction applied,
+    cancelled ones left out; what a clearing house settles (an independent reference for
+    the tests; the pipeline's own is settlement.spark.transforms.final_trades)."""
+    final: dict[str, Trade] = {}
+    for e in events:
+        if isinstance(e, Amend):
+            if e.kind == CANCEL:
+                final.pop(e.trade.trade_id, None)
+            elif e.trade.trade_id in final:
+                c = e.corrected()
+                final[c.trade_id] = type(c)(c.trade_id, c.trade_date, e.trade.seq,
+                                            c.partition, c.symbol, c.price, c.quantity, c.buyer,
+                                            c.seller, c.executed_at)
+        else:
+            final[e.trade_id] = e
+    return list(final.values())
+
+
+@dataclass(frozen=True)
 class SimulationSpec:
     trade_date: str
     trades: int
@@ -134,6 +204,10 @@ class SimulationSpec:
     rate: float | None = None  # trades/s pacing for drills; None = as fast as possible
     # Security drills: some accounts, symbols and trade ids from simulator.hostile.
     hostile_names: bool = False
+    # Busts and corrections: the share of trades later cancelled, and later corrected (a
+    # quarter of the corrected ones twice, so the highest version has to win).
+    cancel_rate: float = 0.0
+    correct_rate: float = 0.0
 
 
 @dataclass
@@ -145,6 +219,57 @@ class DayGenerator:
     last_seq: dict[int, int] = field(default_factory=dict)
 
     def trades(self) -> Iterator[Trade]:
+        """The day's trades as sent (amendments left out)."""
+        return (e for e in self.events() if not isinstance(e, Amend))
+
+    def events(self) -> Iterator[Trade | Amend]:
+        """The day's messages in order: trades and, when the spec asks for them, their
+        cancels and corrections a few trades later on the same partition. Amendments draw from
+        their own random stream: the trades are the same whatever the rates (only the seqs
+        the amendments take move them)."""
+        import heapq
+
+        spec = self.spec
+        amend_rng = random.Random(f"amend:{spec.seed}:{spec.trade_date}")
+        due: list[tuple[int, int, str, Trade, int]] = []  # (at trade, order, kind, trade, version)
+        order = 0
+
+        def amend_due(upto: int) -> Iterator[Amend]:
+            while due and due[0][0] <= upto:
+                _, _, kind, t, version = heapq.heappop(due)
+                seqs[t.partition] += 1
+                if kind == CANCEL:
+                    yield Amend(CANCEL, t, seqs[t.partition])
+                else:
+                    factor = Decimal(amend_rng.choice(("0.99", "1.01", "0.995", "1.005")))
+                    yield Amend(CORRECT, t, seqs[t.partition], version,
+                                price=(t.price * factor).quantize(Decimal("0.0001")),
+                                quantity=t.quantity + amend_rng.randint(1, 50) * version)
+
+        seqs: dict[int, int] = {}
+        trades = self._trades(seqs)
+        for i in itertools.count():
+            # The amendments due go first, so that seqs rise along the partition's log.
+            yield from amend_due(i)
+            t = next(trades, None)
+            if t is None:
+                break
+            yield t
+            if spec.correct_rate and amend_rng.random() < spec.correct_rate:
+                at = i + amend_rng.randint(1, 64)
+                heapq.heappush(due, (at, order := order + 1, CORRECT, t, 2))
+                if amend_rng.random() < 0.25:
+                    heapq.heappush(due, (at + amend_rng.randint(1, 64), order := order + 1,
+                                         CORRECT, t, 3))
+            if spec.cancel_rate and amend_rng.random() < spec.cancel_rate:
+                # After any correction of the trade: a correction of a cancelled trade is a
+                # dead letter, not part of a good day.
+                at = i + 200 + amend_rng.randint(1, 64)
+                heapq.heappush(due, (at, order := order + 1, CANCEL, t, 0))
+        yield from amend_due(2**62)
+        self.last_seq = seqs
+
+    def _trades(self, seqs: dict[int, int]) -> Iterator[Trade]:
         spec = self.spec
         rng = random.Random(f"trades:{spec.seed}:{spec.trade_date}")
         syms = [TICKERS[i % len(TICKERS)] + ("" if i < len(TICKERS) else str(i // len(TICKERS)))
@@ -162,7 +287,7 @@ class DayGenerator:
         start = dt.datetime.combine(day, SESSION_OPEN, tzinfo=dt.UTC)
         step = SESSION_SECONDS / max(spec.trades, 1)
         ymd = day.strftime("%Y%m%d")
-        seqs = dict.fromkeys(range(self.partitions), 0)
+        seqs.update(dict.fromkeys(range(self.partitions), 0))
         q4 = Decimal("0.0001")
         for i in range(spec.trades):
             sym = syms[_pick(cum, rng.random())]
@@ -194,7 +319,6 @@ class DayGenerator:
                 seller=seller,
                 executed_at=ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             )
-        self.last_seq = seqs
 
 
 def with_hostile_names(symbols: list[str], accounts: list[str]) -> tuple[list[str], list[str]]:
@@ -328,8 +452,8 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
 
     bar = _progress(spec.trades) if progress else None
     try:
-        chunk: list[Trade] = []
-        for trade in gen.trades():
+        chunk: list[Trade | Amend] = []
+        for trade in gen.events():
             chunk.append(trade)
             if len(chunk) >= spec.txn_size:
                 _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed)
@@ -364,6 +488,8 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
         "duplicates_injected": stats["duplicates"],
         "malformed_injected": sum(malformed.values()),
         "malformed_by_kind": dict(sorted(malformed.items())),
+        "cancels": stats["cancels"],
+        "corrections": stats["corrections"],
         "aborted": stats["aborted_trades"],
         "aborted_transactions": stats["aborted_transactions"],
         "transactions": stats["transactions"] + 1,
@@ -374,14 +500,15 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
     }
 
 
-def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade], spec: SimulationSpec,
-                rng: random.Random, stats: Counter[str], malformed: Counter[str]) -> None:
+def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade | Amend],
+                spec: SimulationSpec, rng: random.Random, stats: Counter[str],
+                malformed: Counter[str]) -> None:
     if spec.abort_rate and rng.random() < spec.abort_rate:
         # Never-committed trades: read_committed consumers must not see them. The same trades
         # are then re-sent in a committed transaction, as a gateway retrying would.
         tx.begin_transaction()
         for t in chunk:
-            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, _headers(t))
         # Deliver first: the aborted trades are then really in the log, and only the abort
         # marker keeps them from read_committed consumers (also, purging in-flight messages
         # of an idempotent producer can leave sequence gaps the broker rejects).
@@ -391,6 +518,10 @@ def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade], spec: Simu
         stats["aborted_transactions"] += 1
     tx.begin_transaction()
     for t in chunk:
+        if isinstance(t, Amend):
+            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, t.headers)
+            stats["cancels" if t.kind == CANCEL else "corrections"] += 1
+            continue
         if spec.bad_rate and rng.random() < spec.bad_rate:
             kind = rng.choice(MALFORMED_KINDS)
             _produce(tx, topic, malformed_message(kind, t, rng), t.symbol.encode(), t.partition,
@@ -403,13 +534,17 @@ def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade], spec: Simu
         _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
     tx.commit_transaction(60)
     stats["transactions"] += 1
-    stats["trades"] += len(chunk)
+    stats["trades"] += sum(1 for t in chunk if not isinstance(t, Amend))
     if replay is not None:
         for t in chunk:
             if rng.random() < spec.dup_rate:
-                _produce(replay, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+                _produce(replay, topic, t.value(), t.symbol.encode(), t.partition, _headers(t))
                 stats["duplicates"] += 1
         replay.poll(0)
+
+
+def _headers(t: Trade | Amend) -> list[tuple[str, bytes]]:
+    return t.headers if isinstance(t, Amend) else TRADE_HEADERS
 
 
 def _pace(spec: SimulationSpec, t0: float, sent: int) -> None:

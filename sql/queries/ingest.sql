@@ -148,3 +148,31 @@ on conflict do nothing
 -- name: move_offset
 update consumer_offsets set next_offset = %(next_offset)s, site = %(site)s, updated_at = now()
 where consumer_group = %(group)s and topic = %(topic)s and kafka_partition = %(partition)s
+
+-- name: amended_trade
+-- What an amendment is checked against (consumers.parse.amendment_refusal): the trade, where
+-- it is, its current version and whether it is cancelled.
+select t.trade_date, t.kafka_partition, t.kafka_offset,
+       coalesce((select max(a.version) from trade_amendments a
+                 where a.trade_id = t.trade_id and a.kind = 'correct'), 1),
+       exists (select 1 from trade_amendments a
+               where a.trade_id = t.trade_id and a.kind = 'cancel')
+from trades t where t.trade_id = %(trade_id)s
+
+-- name: amendment_copy
+-- The kept amendment of this identity, and whether the new copy equals it in typed terms (a
+-- replay) or not (a conflicting replay).
+select kafka_partition, kafka_offset,
+       (seq, reason, symbol, price, quantity, buyer, seller, executed_at) is not distinct from
+       (%(seq)s::bigint, %(reason)s::text, %(symbol)s::text, %(price)s::numeric,
+        %(quantity)s::bigint, %(buyer)s::text, %(seller)s::text, %(executed_at)s::timestamptz)
+from trade_amendments
+where trade_id = %(trade_id)s and kind = %(kind)s and coalesce(version, 0) = %(version_key)s
+
+-- name: insert_amendment
+insert into trade_amendments (trade_id, trade_date, seq, kafka_partition, kafka_offset, kind,
+                              version, reason, symbol, price, quantity, buyer, seller,
+                              executed_at, site)
+values (%(trade_id)s, %(trade_date)s, %(seq)s, %(partition)s, %(offset)s, %(kind)s,
+        %(version)s, %(reason)s, %(symbol)s, %(price)s, %(quantity)s, %(buyer)s, %(seller)s,
+        %(executed_at)s, %(site)s)

@@ -1,0 +1,140 @@
+"""Trade busts and corrections (issue 28): the contract's cancel and correct messages, stored
+exactly once by the sites with the reasons for what they refuse, and netted as final states
+(the highest version, cancelled trades left out) from Kafka and from the ledger alike."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from consumers.parse import (
+    AmendedTrade,
+    Malformed,
+    amendment,
+    amendment_refusal,
+    apply_amendment,
+    decode,
+)
+from settlement.contract import CANCEL, CORRECT
+from tests.conftest import Isolated
+from tests.test_ledger import DATE, Builder, _ledger, _rows, _trade, _write
+
+
+def _cancel(n: int, seq: int, **change: object) -> dict[str, object]:
+    return {"trade_id": f"T{n:06d}", "trade_date": DATE, "seq": seq,
+            "reason": "trade break", **change}
+
+
+def _correct(n: int, seq: int, version: int, **change: object) -> dict[str, object]:
+    return {**_trade(n, seq=seq, **change), "version": version}
+
+
+def _amend(b: Builder, kind: str, obj: dict[str, object], p: int, off: int) -> Builder:
+    raw = json.dumps(obj).encode()
+    b.batch.amendments.append({"a": amendment(decode(raw, 10_000), kind), "partition": p,
+                               "offset": off, "raw": raw})
+    return b._seen(p, off)
+
+
+# -- the contract -------------------------------------------------------------------------------
+def test_a_cancel_and_a_correction_are_parsed_from_the_contract() -> None:
+    c = amendment(_cancel(1, 5), CANCEL)
+    assert (c.kind, c.trade_id, c.seq, c.version, c.reason) == (CANCEL, "T000001", 5, None,
+                                                                "trade break")
+    k = amendment(_correct(1, 6, 2, quantity=12), CORRECT)
+    assert (k.kind, k.seq, k.version, k.values.quantity) == (CORRECT, 6, 2, 12)
+
+
+@pytest.mark.parametrize(("kind", "obj", "reason"), [
+    (CANCEL, {k: v for k, v in _cancel(1, 5).items() if k != "reason"},
+     "cancel: missing field 'reason'"),
+    (CANCEL, _cancel(1, 5, reason=""), "cancel: reason must be a string of 1 to 256"),
+    (CANCEL, _cancel(1, 5, reason="x\x00"), "cancel: reason must not contain control"),
+    (CANCEL, _cancel(1, 0), "seq must be in [1,"),
+    (CANCEL, _cancel(1, 5, trade_date="2026-02-30"), "unknown trade_date"),
+    (CORRECT, _trade(1), "correction: missing field 'version'"),
+    (CORRECT, _correct(1, 6, 1), "version must be in [2,"),
+    (CORRECT, _correct(1, 6, True), "version must be an integer"),
+    (CORRECT, _correct(1, 6, 2, buyer="ACC2"), "correction: buyer equals seller"),
+])
+def test_a_malformed_amendment_names_its_fault(kind: str, obj: dict[str, object],
+                                               reason: str) -> None:
+    with pytest.raises(Malformed) as e:
+        amendment(obj, kind)
+    assert str(e.value).startswith(reason), str(e.value)
+
+
+def test_the_amendment_rules_in_offset_order() -> None:
+    cancel = amendment(_cancel(1, 9), CANCEL)
+    v2, v3 = (amendment(_correct(1, 7 + v, v), CORRECT) for v in (2, 3))
+    assert "unknown trade" in str(amendment_refusal(cancel, None))
+    trade = AmendedTrade(DATE)
+    assert amendment_refusal(v3, trade) is None
+    apply_amendment(v3, trade)
+    assert amendment_refusal(v2, trade) == (
+        "correction (version 2) of trade 'T000001': version 2 is not above the trade's "
+        "current version 3")
+    assert amendment_refusal(cancel, AmendedTrade("2026-11-20")) == (
+        "cancel of trade 'T000001': the trade is dated 2026-11-20, the amendment 2026-11-23")
+    apply_amendment(cancel, trade)
+    assert amendment_refusal(v3, trade) == (
+        "correction (version 3) of trade 'T000001': the trade is cancelled")
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+
+@pytest.mark.services
+def test_the_ledger_stores_amendments_once_and_dead_letters_the_rest(
+        isolated: Isolated) -> None:
+    ledger = _ledger(isolated)
+    # Batch 1: two trades, a correction of T1 (v2) and its replay, a cancel of a trade that
+    # is not there, a correction of T2 on another partition than T2's.
+    b = Builder().good(1, 0, 0).good(2, 1, 0)
+    _amend(b, CORRECT, _correct(1, 2, 2, quantity=15), 0, 1)
+    _amend(b, CORRECT, _correct(1, 2, 2, quantity=15), 0, 2)  # an identical replay
+    _amend(b, CANCEL, _cancel(9, 3), 0, 3)  # unknown trade
+    _amend(b, CORRECT, _correct(2, 2, 2), 0, 4)  # T2 lives on partition 1
+    res = _write(ledger, b)
+    assert (res.inserted, res.duplicates, res.dead_letters) == (3, 1, 2), res
+    # Batch 2: a lower version after v3, a conflicting replay of v2, the cancel of T1, then a
+    # correction of the cancelled T1 and a second cancel of it.
+    b = Builder()
+    _amend(b, CORRECT, _correct(1, 3, 3, price="11.25"), 0, 5)
+    _amend(b, CORRECT, _correct(1, 4, 2, quantity=16), 0, 6)  # conflicting replay of v2
+    _amend(b, CANCEL, _cancel(1, 5), 0, 7)
+    _amend(b, CORRECT, _correct(1, 6, 4), 0, 8)  # of a cancelled trade
+    _amend(b, CANCEL, _cancel(1, 6, reason="again"), 0, 9)  # conflicting replay of the cancel
+    res = _write(ledger, b)
+    assert (res.inserted, res.duplicates, res.dead_letters) == (2, 0, 3), res
+    assert _rows(isolated, "select kind, version, seq, quantity, price::text from "
+                           "trade_amendments order by seq") == [
+        ("correct", 2, 2, 15, "10.5000"), ("correct", 3, 3, 10, "11.2500"),
+        ("cancel", None, 5, None, None)]
+    reasons = _rows(isolated, "select kafka_partition, kafka_offset, reason from dead_letters "
+                              "order by 1, 2")
+    assert reasons == [
+        (0, 3, "cancel of trade 'T000009': unknown trade (no such trade before it on its "
+               "partition)"),
+        (0, 4, "correction (version 2) of trade 'T000002': unknown trade (no such trade "
+               "before it on its partition)"),
+        (0, 6, "conflicting replay of the correction (version 2) of trade 'T000001': its "
+               "fields differ from the copy kept at partition 0 offset 1"),
+        (0, 8, "correction (version 4) of trade 'T000001': the trade is cancelled"),
+        (0, 9, "conflicting replay of the cancel of trade 'T000001': its fields differ from "
+               "the copy kept at partition 0 offset 7")]
+    # The trade's own row is never rewritten: the ledger appends.
+    assert _rows(isolated, "select quantity, price::text from trades where trade_id = "
+                           "'T000001'") == [(10, "10.5000")]
+
+
+@pytest.mark.services
+def test_an_amendment_after_its_days_close_is_late(isolated: Isolated) -> None:
+    ledger = _ledger(isolated)
+    b = Builder().good(1, 0, 0).close(0, 1, 1)
+    _amend(b, CANCEL, _cancel(1, 2), 0, 2)
+    res = _write(ledger, b)
+    assert (res.inserted, res.close_markers, res.dead_letters) == (1, 1, 1), res
+    assert _rows(isolated, "select reason from dead_letters") == [
+        (f"late: trade_date {DATE} closed on partition 0 at offset 1",)]
+    assert _rows(isolated, "select count(*) from trade_amendments") == [(0,)]
