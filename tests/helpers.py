@@ -16,7 +16,7 @@ from typing import Any
 
 from settlement.config import Settings
 from settlement.drills import runner
-from settlement.simulator.gateway import DayGenerator, SimulationSpec
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, final_trades
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTLE = [sys.executable, "-m", "settlement.cli"]
@@ -143,11 +143,12 @@ def positions_table(dsn: str, day: str) -> Positions:
 
 def reference_positions(spec: SimulationSpec, partitions: int = 6) -> Positions:
     """The netting in plain Python with Decimal, from the generator's own trades (the day's
-    valid trades, before any duplicate or malformed message the simulator adds): a
-    reference independent of Spark and of SQL."""
+    valid trades, before any duplicate or malformed message the simulator adds) in their
+    final states (the generator's busts and corrections applied by the simulator's own
+    ``final_trades``): a reference independent of Spark and of SQL."""
     acc: dict[tuple[str, str], list[Any]] = defaultdict(
         lambda: [0, 0, Decimal(0), Decimal(0), 0])
-    for t in DayGenerator(spec, partitions).trades():
+    for t in final_trades(DayGenerator(spec, partitions).events()):
         amount = t.price * t.quantity
         b = acc[(t.buyer, t.symbol)]
         b[0] += t.quantity

@@ -5,6 +5,7 @@ exactly once by the sites with the reasons for what they refuse, and netted as f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,12 @@ from consumers.parse import (
     decode,
 )
 from settlement.contract import CANCEL, CORRECT
+from settlement.db import connect
+from settlement.drills.checker import check_ledger, read_kafka_day
+from settlement.eod.pipeline import run_eod
+from settlement.simulator.gateway import DayGenerator, SimulationSpec, final_trades, simulate
 from tests.conftest import Isolated
+from tests.helpers import positions_table, reference_positions, start_site, wait_exit
 from tests.test_ledger import DATE, Builder, _ledger, _rows, _trade, _write
 
 
@@ -138,3 +144,53 @@ def test_an_amendment_after_its_days_close_is_late(isolated: Isolated) -> None:
     assert _rows(isolated, "select reason from dead_letters") == [
         (f"late: trade_date {DATE} closed on partition 0 at offset 1",)]
     assert _rows(isolated, "select count(*) from trade_amendments") == [(0,)]
+
+
+# -- end to end: both sources net the final states ----------------------------------------------
+E2E_DATE = "2026-11-24"
+E2E = SimulationSpec(E2E_DATE, 3000, seed=11, dup_rate=0.02, bad_rate=0.003, txn_size=500,
+                     cancel_rate=0.02, correct_rate=0.03)
+
+
+@pytest.mark.services
+def test_busts_and_corrections_net_the_same_from_kafka_and_both_ledgers(
+        isolated: Isolated, tmp_path: Path) -> None:
+    s = isolated.settings
+    sim = simulate(s, E2E)
+    assert sim["cancels"] > 20 and sim["corrections"] > 20, sim
+    events = list(DayGenerator(E2E, 6).events())
+    for site in ("a", "b"):
+        log = tmp_path / f"{site}.log"
+        out = wait_exit(start_site(site, "separate", isolated.env, E2E_DATE, log), log)
+        assert out["closed"], out
+    with connect(s.ledger_dsn("a")) as conn:
+        stored = conn.execute("select kind, count(*) from trade_amendments group by kind "
+                              "order by kind").fetchall()
+    assert stored == [("cancel", sim["cancels"]), ("correct", sim["corrections"])]
+    # The drills' independent checker counts them and finds none lost.
+    day = read_kafka_day(s, E2E_DATE)
+    assert len(set(day.amendments.values())) == sim["cancels"] + sim["corrections"]
+    for site in ("a", "b"):
+        check = check_ledger(s.ledger_dsn(site), day, s.topic)
+        assert check.ok and check.amendments == sim["cancels"] + sim["corrections"], \
+            check.as_dict()
+
+    reference = reference_positions(E2E)
+    kafka = run_eod(s, E2E_DATE, source="kafka")
+    from_kafka = positions_table(s.settlement_dsn, E2E_DATE)
+    db = run_eod(s, E2E_DATE, source="db")
+    from_db = positions_table(s.settlement_dsn, E2E_DATE)
+    for run in (kafka, db):
+        assert run["validation_success"] is True, run["validation"]["failures"]
+        assert run["published"] is True, run
+        assert run["trades"] == E2E.trades, run
+        assert (run["cancelled"], run["corrections"]) == (sim["cancels"], sim["corrections"])
+        ran = set(run["validation"]["passed"])
+        assert any(n.startswith("amendments_day@") for n in ran), ran
+        assert any(n.startswith("reconcile_amendments@") for n in ran), run["validation"][
+            "skipped"]
+    assert from_kafka == from_db == reference
+    # The reference really differs from netting the trades as sent.
+    as_sent = reference_positions(SimulationSpec(E2E_DATE, 3000, seed=11))
+    assert as_sent != reference
+    assert len(final_trades(iter(events))) == E2E.trades - sim["cancels"]

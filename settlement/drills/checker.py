@@ -4,7 +4,8 @@
 Kafka offset applied twice. ``unexpected``: in the ledger but not a committed message at
 that offset (e.g. read from an aborted transaction). A malformed message, or a trade that
 came after its day's close marker on its partition (late), must be a dead letter instead.
-Used by tests and failover drills.
+A cancel or correction (``amendments``) must be stored once or dead-lettered: one whose
+identity (trade id, kind, version) is in neither is lost. Used by tests and failover drills.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.parse import Malformed, close_marker, decode, message_type, trade_copy_line
+from consumers.parse import (
+    Malformed,
+    amendment,
+    close_marker,
+    decode,
+    message_type,
+    trade_copy_line,
+)
 from settlement.config import Settings
+from settlement.contract import AMENDMENTS
 from settlement.db import connect, q
+
+Identity = tuple[str, str, int]  # an amendment's: trade id, kind, version (0 for a cancel)
 
 
 @dataclass
@@ -34,6 +45,8 @@ class KafkaDay:
     # their partition: the sites dead-letter them as late
     late: dict[tuple[int, int], str] = field(default_factory=dict)
     close_offsets: dict[int, int] = field(default_factory=dict)  # partition -> first marker
+    # (partition, offset) -> identity of each well-formed cancel and correction of the date
+    amendments: dict[tuple[int, int], Identity] = field(default_factory=dict)
 
     @property
     def trade_ids(self) -> set[str]:
@@ -96,11 +109,17 @@ def read_kafka_day(settings: Settings, trade_date: str, timeout: float = 60) -> 
 def _classify(day: KafkaDay, m: Any, p: int, off: int, max_bytes: int) -> None:
     try:
         obj = decode(m.value(), max_bytes)
-        if message_type(m.headers()) == "close":
+        kind = message_type(m.headers())
+        if kind == "close":
             cm = close_marker(obj, p)
             if cm.trade_date == day.trade_date:
                 day.close_markers[p] = cm.last_seq
                 day.close_offsets.setdefault(p, off)
+            return
+        if kind in AMENDMENTS:
+            a = amendment(obj, kind)
+            if a.trade_date == day.trade_date:
+                day.amendments[(p, off)] = (a.trade_id, a.kind, a.version or 0)
             return
         trade_copy_line(obj, p, off, "checker")
     except Malformed:
@@ -122,11 +141,14 @@ class LedgerCheck:
     unexpected: list[dict[str, Any]]
     missing_dead_letters: list[tuple[int, int]]
     dead_letters_without_reason: int
+    amendments: int = 0  # cancels and corrections stored
+    lost_amendments: list[Identity] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.duplicated or self.unexpected
-                    or self.missing_dead_letters or self.dead_letters_without_reason)
+                    or self.missing_dead_letters or self.dead_letters_without_reason
+                    or self.lost_amendments)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +156,7 @@ class LedgerCheck:
             "lost": len(self.lost), "duplicated": len(self.duplicated),
             "unexpected": len(self.unexpected),
             "missing_dead_letters": len(self.missing_dead_letters),
+            "amendments": self.amendments, "lost_amendments": len(self.lost_amendments),
             "examples": {"lost": self.lost[:5], "duplicated": self.duplicated[:5],
                          "unexpected": self.unexpected[:5]},
         }
@@ -149,6 +172,9 @@ def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
             "select kafka_partition, kafka_offset, reason from dead_letters where topic = %s",
             (topic,),
         ).fetchall()
+        amended = {(t, k, int(v or 0)) for t, k, v in conn.execute(
+            "select trade_id, kind, version from trade_amendments where trade_date = %s",
+            (day.trade_date,))}
     by_id = Counter(r[0] for r in rows)
     by_offset = Counter((r[1], r[2]) for r in rows)
     duplicated = sorted({t for t, n in by_id.items() if n > 1}
@@ -159,6 +185,9 @@ def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
     ]
     lost = sorted(day.trade_ids - set(by_id))
     dead_offsets = {(p, o) for p, o, _ in dead}
+    # Stored under its identity, or every copy of it dead-lettered (a refused amendment, or a
+    # conflicting replay of a stored one, whose identity is then stored).
+    handled = amended | {i for pos, i in day.amendments.items() if pos in dead_offsets}
     return LedgerCheck(
         ledger_rows=len(rows),
         lost=lost,
@@ -166,6 +195,8 @@ def check_ledger(dsn: str, day: KafkaDay, topic: str) -> LedgerCheck:
         unexpected=unexpected,
         missing_dead_letters=sorted((day.malformed | set(day.late)) - dead_offsets),
         dead_letters_without_reason=sum(1 for *_, r in dead if not r),
+        amendments=len(amended),
+        lost_amendments=sorted(set(day.amendments.values()) - handled),
     )
 
 

@@ -110,10 +110,11 @@ def efficiency_from_totals(gross_notional: Decimal, net_settlement: Decimal) -> 
 class PartitionStats(NamedTuple):
     """One ledger's trades of the day on one Kafka partition."""
 
-    rows: int
-    distinct_seq: int
+    rows: int  # trades
+    distinct_seq: int  # of the trades and the amendments
     max_seq: int
     first_offset: int  # Kafka offset of the day's first trade on the partition
+    amendments: int = 0  # cancels and corrections, which take seqs too
 
 
 class MarkerAt(NamedTuple):
@@ -162,7 +163,7 @@ class LedgerState:
             return False
         for p, m in self.markers.items():
             st = self.stats.get(p, PartitionStats(0, 0, 0, 0))
-            if not (st.rows == st.distinct_seq == m.last_seq
+            if not (st.rows + st.amendments == st.distinct_seq == m.last_seq
                     and (st.max_seq == m.last_seq or m.last_seq == 0)):
                 return False
         return True
@@ -220,6 +221,52 @@ class Publication:
     superseded_by: int | None = None  # a later run of the date had already published
 
 
+@dataclass(frozen=True)
+class AmendmentEffect:
+    """One accepted cancel or correction and what it did to its trade: the price and
+    quantity before and after (None after a cancel) and the change in the trade's notional
+    (price x quantity), which is the cash its buyer pays less (or more) and its seller
+    receives less (or more)."""
+
+    kind: str  # cancel | correct
+    trade_id: str
+    version: int | None
+    kafka_partition: int
+    seq: int
+    reason: str | None
+    price_before: Decimal | None
+    quantity_before: int | None
+    price_after: Decimal | None
+    quantity_after: int | None
+
+    @classmethod
+    def of(cls, row: Any, before: tuple[Decimal, int] | None,
+           after: tuple[Decimal, int] | None) -> AmendmentEffect:
+        b, a = before or (None, None), after or (None, None)
+        return cls(row["kind"], row["trade_id"], row["version"], int(row["kafka_partition"]),
+                   int(row["seq"]), row["reason"], b[0], b[1], a[0], a[1])
+
+    @property
+    def notional_change(self) -> Decimal:
+        def notional(price: Decimal | None, qty: int | None) -> Decimal:
+            return Decimal(0) if price is None or qty is None else price * qty
+
+        return (notional(self.price_after, self.quantity_after)
+                - notional(self.price_before, self.quantity_before))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "trade_id": self.trade_id, "version": self.version,
+                "kafka_partition": self.kafka_partition, "seq": self.seq,
+                "reason": self.reason,
+                "price_before": _text(self.price_before), "quantity_before": self.quantity_before,
+                "price_after": _text(self.price_after), "quantity_after": self.quantity_after,
+                "notional_change": str(self.notional_change)}
+
+
+def _text(d: Decimal | None) -> str | None:
+    return None if d is None else str(d)
+
+
 @dataclass
 class SettlementResult:
     """One settled date, exact, as the pipeline hands it to validation and the report."""
@@ -239,12 +286,18 @@ class SettlementResult:
     # Kafka source: late trades of earlier dates found in this day's range (date ->
     # partition -> count); not settled here, reported.
     late_in_range: dict[str, dict[int, int]] = field(default_factory=dict)
+    # The day's busts and corrections, applied: each with the trade before and after it.
+    amendments: list[AmendmentEffect] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         eff = self.netting.efficiency
         return {
             "trade_date": self.trade_date, "source": self.source, "trades": self.trades,
             "duplicates_removed": self.duplicates_removed, "malformed": self.malformed,
+            "cancelled": sum(1 for a in self.amendments if a.kind == "cancel"),
+            "corrections": sum(1 for a in self.amendments if a.kind == "correct"),
+            "amendments_notional_change": str(sum(
+                (a.notional_change for a in self.amendments), Decimal(0))),
             "positions": len(self.positions), "accounts": len(self.obligations),
             "instruments": len(self.instruments),
             "gross_notional": str(self.netting.gross_notional),

@@ -237,7 +237,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
             say("validating (Great Expectations)")
             outcome = _timed(result.timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, settled.trades, result.positions,
-                ahead))
+                ahead, final=settled.final))
         pub = decide_publication(outcome, accept_incomplete)
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:
@@ -333,7 +333,8 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
     try:
         n = trades.count()
         outcome = validate_day(settings, spark, trade_date, choice, read, trades,
-                               stored_positions(settings, trade_date) or None)
+                               stored_positions(settings, trade_date) or None,
+                               final=T.final_trades(trades, read.amendments))
     finally:
         trades.unpersist()
         read.release()

@@ -34,8 +34,9 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
         with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
             markers = {int(p): MarkerAt(int(last), int(off))
                        for p, last, off in conn.execute(q("eod", "close_markers"), params)}
-            stats = {int(p): PartitionStats(int(n), int(distinct), int(mx), int(first))
-                     for p, n, distinct, mx, first
+            stats = {int(p): PartitionStats(int(n), int(distinct), int(mx), int(first),
+                                            int(amended))
+                     for p, n, distinct, mx, first, amended
                      in conn.execute(q("eod", "partition_stats"), params)}
             prev = {int(p): int(off)
                     for p, off in conn.execute(q("eod", "previous_close_markers"), params)}

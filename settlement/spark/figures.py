@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -161,7 +162,7 @@ def differing(a: DaySide, b: DaySide) -> list[Bucket]:
 
 PARTITION_FIGURES_SCHEMA = ("kafka_partition int, trades long, lo long, hi long, "
                             "seq_hi long, seq_lo long, last_seq long, expected_hi long, "
-                            "expected_lo long, suspect boolean")
+                            "expected_lo long, suspect boolean, amendments long")
 
 
 def expected_seq_sums(spark: SparkSession, lengths: set[int]) -> dict[int, tuple[int, int]]:
@@ -180,22 +181,28 @@ def expected_seq_sums(spark: SparkSession, lengths: set[int]) -> dict[int, tuple
     return {n: (int(row[f"h{k}"]), int(row[f"l{k}"])) for k, n in enumerate(wanted)}
 
 
-def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int, int]
-                      ) -> DataFrame:
+def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int, int],
+                      amendments: list[Any] | None = None) -> DataFrame:
     """Per partition of the settled day (PARTITION_FIGURES_SCHEMA): the figures summed over
     its buckets, its close marker's last_seq, the seq hash sums a complete partition
-    1..last_seq has, and ``suspect``: whether its trades must be searched seq by seq
-    (anything but exactly one trade at each seq 1..last_seq, or trades with no marker).
-    ``buckets``: the settled day's ``collect_figures``. Returned as a local frame."""
+    1..last_seq has, and ``suspect``: whether its messages must be searched seq by seq
+    (anything but exactly one trade or amendment at each seq 1..last_seq, or any with no
+    marker). ``buckets``: the settled day's ``collect_figures``; ``amendments``: its
+    cancels' and corrections' figures rows (they take seqs too; ``trades`` counts trades
+    only, ``amendments`` them). Returned as a local frame."""
     got: dict[int, list[int]] = {}
-    for r in buckets.collect():
-        p = int(r["kafka_partition"])
-        n, lo, hi, sh, sl = (int(r[c]) for c in ("trades", "lo", "hi", "seq_hi", "seq_lo"))
-        if p in got:
-            a = got[p]
-            got[p] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + sh, a[4] + sl]
-        else:
-            got[p] = [n, lo, hi, sh, sl]
+    amended: dict[int, int] = {}
+    for kind, rows_ in (("trades", buckets.collect()), ("amendments", amendments or [])):
+        for r in rows_:
+            p = int(r[0])
+            n, lo, hi, sh, sl = (int(r[i]) for i in range(2, 7))  # FIGURES_SCHEMA order
+            if kind == "amendments":
+                amended[p] = amended.get(p, 0) + n
+            if p in got:
+                a = got[p]
+                got[p] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + sh, a[4] + sl]
+            else:
+                got[p] = [n, lo, hi, sh, sl]
     expected = expected_seq_sums(spark, set(markers.values()))
     rows = []
     for p in sorted(got.keys() | markers.keys()):
@@ -204,5 +211,6 @@ def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int
         eh, el = expected.get(last or 0, (0, 0))
         complete = last is not None and n == last and (
             last == 0 or (lo == 1 and hi == last and (sh, sl) == (eh, el)))
-        rows.append((p, n, lo, hi, sh, sl, last, eh, el, not complete))
+        rows.append((p, n - amended.get(p, 0), lo, hi, sh, sl, last, eh, el, not complete,
+                     amended.get(p, 0)))
     return spark.createDataFrame(rows, PARTITION_FIGURES_SCHEMA)

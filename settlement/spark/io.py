@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.config import Settings, jaas_login
-from settlement.contract import CLOSE, LEDGER_COLUMNS
+from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
 from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
@@ -94,6 +94,10 @@ class DayRead:
     # across partitions; and how many valid trades of other dates the range held.
     copies_agree: bool = False
     other_dates: int = 0
+    # The day's accepted cancels and corrections (AMENDMENT_SCHEMA, each once), which the
+    # settlement applies to ``trades``; Kafka: their figures per bucket (seq coverage).
+    amendments: DataFrame | None = None
+    amendment_figures: list[tuple[int, ...]] | None = None
 
     def release(self) -> None:
         for df in self.cached:
@@ -142,7 +146,9 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
-        figures=facts.figures, copies_agree=True, other_dates=facts.other_dates)
+        figures=facts.figures, copies_agree=True, other_dates=facts.other_dates,
+        amendments=_on_date(parsed.amendments, trade_date),
+        amendment_figures=facts.amendment_figures)
 
 
 @dataclass
@@ -154,6 +160,8 @@ class _KafkaFacts:
     per_partition: dict[int, int]  # the day's first copies
     figures: list[tuple[int, ...]]  # their FIGURES_SCHEMA rows
     other_dates: int = 0  # valid trades of any other date in the range
+    # the day's accepted cancels and corrections, FIGURES_SCHEMA rows (their seqs count)
+    amendment_figures: list[tuple[int, ...]] = field(default_factory=list)
 
 
 def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
@@ -166,9 +174,11 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
             .when(kind == CLOSE, F.lit("close"))
             .when(F.col("trade_date") != day, F.lit("other_date"))
             .when(F.col("_dup"), F.lit("dup"))
+            .when(kind != TRADE, F.lit("amend"))
             .otherwise(F.lit("day")))
-    # The settled day's figures (validation's checksums, by bucket) in the same pass.
-    is_day = F.col("what") == "day"
+    # The settled day's figures (validation's checksums, by bucket) in the same pass; the
+    # day's amendments' too (their seqs count in the close markers).
+    is_day = F.col("what").isin("day", "amend")
     rows = (classified
             .select(what.alias("what"),
                     F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
@@ -180,7 +190,10 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
             .collect())
     facts = _KafkaFacts(0, {}, {}, 0, {}, [])
     for r in rows:
-        if r["what"] == "day":
+        if r["what"] == "amend":
+            facts.amendment_figures.append(
+                (int(r["kafka_partition"]), *(int(r[c]) for c in FIGURE_FIELDS)))
+        elif r["what"] == "day":
             p = int(r["kafka_partition"])
             facts.per_partition[p] = facts.per_partition.get(p, 0) + int(r["n"])
             facts.figures.append((p, *(int(r[c]) for c in FIGURE_FIELDS)))
@@ -219,10 +232,29 @@ def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, l
     return T.conform_trades(df)
 
 
+def read_amendments(spark: SparkSession, settings: Settings, ledger: str, trade_date: str
+                    ) -> DataFrame:
+    """One ledger's cancels and corrections of the day (AMENDMENT_SCHEMA): few, so one
+    JDBC query."""
+    url, props = jdbc_options(settings.ledger_dsn(ledger))
+    day = dt.date.fromisoformat(trade_date).isoformat()
+    query = (f"(select {', '.join(AMENDMENT_COLUMNS)} from trade_amendments "
+             f"where trade_date = date '{day}') day")
+    return T.conform_amendments(spark.read.jdbc(url, query, properties=props))
+
+
 def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
             ledgers: tuple[str, ...], trade_date: str) -> DayRead:
     """The ledger(s); a union of two when no single ledger is complete."""
     frames = {name: read_ledger(spark, settings, choice, name, trade_date) for name in ledgers}
+    amended = [read_amendments(spark, settings, name, trade_date) for name in ledgers]
+    amendments = amended[0]
+    for more in amended[1:]:
+        amendments = amendments.unionByName(more)
+    # Small: collected once into a local frame (two ledgers' union deduplicated first).
+    amendments = spark.createDataFrame(
+        (T.dedupe_amendments(amendments) if len(amended) > 1 else amendments).collect(),
+        amendments.schema)
     closes: dict[int, int] = {}
     for name in ledgers:
         st = choice.states.get(name)
@@ -234,5 +266,7 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
         out = out.unionByName(other)
     if len(parts) > 1:  # only a union can hold a trade twice; dedupe then reads it twice
         out = out.persist()
-        return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames)
-    return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames)
+        return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames,
+                       amendments=amendments)
+    return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames,
+                   amendments=amendments)

@@ -46,7 +46,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from settlement.contract import CLOSE, MISSING_TYPE_MEANS, TRADE, TYPE_HEADER
+from settlement.contract import (
+    AMENDMENTS,
+    CANCEL,
+    CLOSE,
+    CORRECT,
+    MISSING_TYPE_MEANS,
+    TRADE,
+    TYPE_HEADER,
+)
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
 
 # What the classifier returns per message (``classify_kafka_values``).
@@ -67,7 +75,11 @@ CLASSIFIED_SCHEMA = StructType([
     StructField("executed_at", TimestampType()),
     StructField("_close_date", DateType()),
     StructField("_last_seq", LongType()),
-    StructField("_dup", BooleanType()),  # a later copy of a trade (date, id) in this task
+    StructField("_dup", BooleanType()),  # a later copy of a trade (or amendment) in this task
+    # Cancels and corrections (``_kind``): the trade fields above are the correction's (a
+    # cancel fills trade_id, trade_date and seq only).
+    StructField("_version", IntegerType()),  # a correction's
+    StructField("_note", StringType()),  # a cancel's reason
 ])
 # Arrow types of the output, built once per worker (the session time zone is UTC).
 _A_DATE = pa.date32()
@@ -75,6 +87,7 @@ _A_PRICE = pa.decimal128(PRICE.precision, PRICE.scale)
 _A_TS = pa.timestamp("us", tz="UTC")
 _NO_TRADE = (None,) * 9
 _TRADE_B, _CLOSE_B = TRADE.encode(), CLOSE.encode()
+_CANCEL_B, _CORRECT_B = CANCEL.encode(), CORRECT.encode()
 
 
 class ParsedBatch(NamedTuple):
@@ -84,6 +97,7 @@ class ParsedBatch(NamedTuple):
     trades: DataFrame  # TRADE_SCHEMA, every copy (``_dup`` is dropped)
     malformed: DataFrame  # MALFORMED_SCHEMA; count() it for the run record
     closes: DataFrame  # CLOSE_MARKERS_SCHEMA
+    amendments: DataFrame  # AMENDMENT_SCHEMA, each accepted cancel and correction once
 
 
 def parse_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> ParsedBatch:
@@ -128,7 +142,13 @@ def split_classified(classified: DataFrame) -> ParsedBatch:
         F.col("_last_seq").alias("last_seq"),
     )
     malformed = classified.where(~valid).select("kafka_partition", "kafka_offset", "raw", "reason")
-    return ParsedBatch(trades, malformed, closes)
+    amendments = classified.where(valid & kind.isin(*AMENDMENTS) & ~F.col("_dup")).select(
+        *(F.col(c) for c in ("trade_id", "trade_date", "seq", "kafka_partition",
+                             "kafka_offset")),
+        F.col("_kind").alias("kind"), F.col("_version").alias("version"),
+        F.col("_note").alias("reason"),
+        *(F.col(c) for c in ("symbol", "price", "quantity", "buyer", "seller", "executed_at")))
+    return ParsedBatch(trades, malformed, closes, amendments)
 
 
 def first_copies(classified: DataFrame) -> DataFrame:
@@ -157,7 +177,13 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     task in, ``CLASSIFIED_SCHEMA`` batches out. Runs on executors, so it imports the parser
     here (the ``--py-files`` zip carries ``consumers``)."""
     from consumers.parse import (
+        AmendedTrade,
         Malformed,
+        amendment,
+        amendment_conflict_reason,
+        amendment_fingerprint,
+        amendment_refusal,
+        apply_amendment,
         close_marker,
         conflict_reason,
         decode,
@@ -171,8 +197,15 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     # -> the kept copy packed in one int (offset << 64 | 64-bit fingerprint), since a task
     # holds a partition's day, millions of ids; and trade date -> the kept close marker's
     # (last_seq, offset).
+    # The kept copy's int also carries its trade date (as an ordinal, above bit 128): an
+    # amendment must name its trade's date.
     seen_in: dict[int, dict[str, int]] = {}
     closes_in: dict[int, dict[str, tuple[int, int]]] = {}
+    # Amendments, as the sites hold them (consumers.parse.amendment_refusal): per partition,
+    # trade id -> its state once amended, and each amendment identity -> its kept copy.
+    amended_in: dict[int, dict[str, AmendedTrade]] = {}
+    amends_in: dict[int, dict[tuple[str, str, int], int]] = {}
+    ordinals: dict[str, int] = {}
     mask = (1 << 64) - 1
     for batch in batches:
         partitions = batch.column(0).to_pylist()
@@ -187,10 +220,13 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         trades: list[tuple[object, ...]] = [_NO_TRADE] * n
         close_dates: list[str | None] = [None] * n
         last_seqs: list[int | None] = [None] * n
+        versions: list[int | None] = [None] * n
+        notes: list[str | None] = [None] * n
         for i in range(n):
             kb = kind_bytes[i]
-            kind = TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else kb.decode(
-                "utf-8", "replace")
+            kind = (TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else CANCEL
+                    if kb == _CANCEL_B else CORRECT if kb == _CORRECT_B
+                    else kb.decode("utf-8", "replace"))
             kinds[i] = kind
             try:
                 t = fast_trade_values(values[i], max_bytes) if kind == TRADE else None
@@ -204,11 +240,15 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         seen = seen_in[partitions[i]] = {}
                     kept = seen.get(t.trade_id)
                     if kept is None:
-                        seen[t.trade_id] = offsets[i] << 64 | fp
+                        day = ordinals.get(t.trade_date)
+                        if day is None:
+                            day = ordinals[t.trade_date] = _ordinal(t.trade_date)
+                        seen[t.trade_id] = (day << 64 | offsets[i]) << 64 | fp
                     elif kept & mask == fp:
                         dups[i] = True
                     else:
-                        raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
+                        raise Malformed(conflict_reason(t.trade_id, partitions[i],
+                                                        (kept >> 64) & mask))
                     trades[i] = t
                 elif kind == CLOSE:
                     cm = close_marker(obj, partitions[i])
@@ -218,17 +258,56 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         raise Malformed(marker_conflict_reason(
                             cm.trade_date, cm.partition, cm.last_seq, held[0], held[1]))
                     close_dates[i], last_seqs[i] = cm.trade_date, cm.last_seq
+                elif kind in AMENDMENTS:
+                    a = amendment(obj, kind)
+                    p = partitions[i]
+                    ident = (a.trade_id, a.kind, a.version or 0)
+                    fp = amendment_fingerprint(a) & mask
+                    held_a = amends_in.setdefault(p, {}).get(ident)
+                    if held_a is not None:
+                        if held_a & mask != fp:
+                            raise Malformed(amendment_conflict_reason(a, p, held_a >> 64))
+                        dups[i] = True
+                    else:
+                        state = amended_in.setdefault(p, {}).get(a.trade_id)
+                        if state is None:
+                            kept = seen_in.get(p, {}).get(a.trade_id)
+                            if kept is not None:
+                                state = AmendedTrade(_date_of(kept >> 128))
+                        why = amendment_refusal(a, state)
+                        if why is not None:
+                            raise Malformed(why)
+                        apply_amendment(a, state)  # type: ignore[arg-type]
+                        amended_in[p][a.trade_id] = state  # type: ignore[assignment]
+                        amends_in[p][ident] = offsets[i] << 64 | fp
+                    trades[i] = (a.values if a.values is not None
+                                 else (a.trade_id, a.trade_date, a.seq, *_NO_TRADE[3:]))
+                    versions[i], notes[i] = a.version, a.reason
                 else:
                     raise Malformed(f"unknown message type {kind!r}")
             except Malformed as e:
                 reasons[i], raws[i] = str(e), values[i]
-        yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups)
+        yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
+                      versions, notes)
+
+
+def _ordinal(trade_date: str) -> int:
+    import datetime as dt
+
+    return dt.date.fromisoformat(trade_date).toordinal()
+
+
+def _date_of(ordinal: int) -> str:
+    import datetime as dt
+
+    return dt.date.fromordinal(ordinal).isoformat()
 
 
 def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
             raws: list[bytes | None],
             trades: list[tuple[object, ...]], close_dates: list[str | None],
-            last_seqs: list[int | None], dups: list[bool]) -> pa.RecordBatch:
+            last_seqs: list[int | None], dups: list[bool], versions: list[int | None],
+            notes: list[str | None]) -> pa.RecordBatch:
     """The verdicts as typed Arrow columns; the casts from the wire text are Arrow's (C),
     exact, and cannot fail on text the contract accepted."""
     tid, tdate, seq, sym, price, qty, buyer, seller, at = (
@@ -252,4 +331,6 @@ def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
         pa.array(close_dates, text).cast(_A_DATE),
         pa.array(last_seqs, pa.int64()),
         pa.array(dups, pa.bool_()),
+        pa.array(versions, pa.int32()),
+        pa.array(notes, text),
     ], names=CLASSIFIED_SCHEMA.fieldNames())

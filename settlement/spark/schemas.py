@@ -19,7 +19,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from settlement.contract import LEDGER_COLUMNS
+from settlement.contract import AMENDMENT_COLUMNS, LEDGER_COLUMNS
 from settlement.eod.model import CashObligation, InstrumentSummary, Position
 
 PRICE = DecimalType(18, 4)
@@ -45,6 +45,14 @@ TRADE_SCHEMA = _typed(LEDGER_COLUMNS, {
     "trade_id": StringType(), "trade_date": DateType(), "seq": LongType(),
     "kafka_partition": IntegerType(), "kafka_offset": LongType(), "symbol": StringType(),
     "price": PRICE, "quantity": LongType(), "buyer": StringType(), "seller": StringType(),
+    "executed_at": TimestampType(),
+})
+# A cancel or a correction of the day (the ledger's trade_amendments, or the Kafka read's).
+AMENDMENT_SCHEMA = _typed(AMENDMENT_COLUMNS, {
+    "trade_id": StringType(), "trade_date": DateType(), "seq": LongType(),
+    "kafka_partition": IntegerType(), "kafka_offset": LongType(), "kind": StringType(),
+    "version": IntegerType(), "reason": StringType(), "symbol": StringType(), "price": PRICE,
+    "quantity": LongType(), "buyer": StringType(), "seller": StringType(),
     "executed_at": TimestampType(),
 })
 POSITIONS_SCHEMA = _typed(Position._fields, {

@@ -11,8 +11,11 @@ import time
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
+from settlement.contract import CANCEL
 from settlement.eod.model import (
+    AmendmentEffect,
     CashObligation,
     InstrumentSummary,
     Position,
@@ -27,7 +30,10 @@ from settlement.spark.io import DayRead
 @dataclass
 class SettledDay:
     result: SettlementResult
-    trades: DataFrame  # the deduplicated day, cached: unpersist when done
+    trades: DataFrame  # the deduplicated day as sent, cached: unpersist when done
+    # the day in final states (cancels and corrections applied): what was netted
+    final: DataFrame | None = None
+    amendments: DataFrame | None = None  # the day's accepted cancels and corrections
 
 
 def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
@@ -53,11 +59,14 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     timings["dedupe_seconds"] = round(time.perf_counter() - t0, 3)
 
     t1 = time.perf_counter()
-    pos = T.positions(trades, trade_date).persist()
+    # Busts and corrections: what a clearing house settles is each trade's final state.
+    effects = amendment_effects(trades, read.amendments)
+    final = T.final_trades(trades, read.amendments if effects else None)
+    pos = T.positions(final, trade_date).persist()
     positions = rows_of(Position, pos.orderBy("account", "symbol").collect())
     obligations = rows_of(CashObligation, T.cash_obligations(pos).orderBy("account").collect())
     instruments = rows_of(InstrumentSummary,
-                          T.instrument_summary(trades, trade_date).orderBy("symbol").collect())
+                          T.instrument_summary(final, trade_date).orderBy("symbol").collect())
     per_partition = read.per_partition if read.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
         for r in trades.groupBy("kafka_partition").count().collect()}
@@ -68,6 +77,28 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
         malformed=read.malformed, positions=positions, obligations=obligations,
         instruments=instruments, netting=netting(obligations),
         close_markers=read.close_markers, trades_per_partition=per_partition,
-        timings=timings, late_in_range=read.late,
+        timings=timings, late_in_range=read.late, amendments=effects,
     )
-    return SettledDay(result, trades)
+    return SettledDay(result, trades, final, read.amendments if effects else None)
+
+
+def amendment_effects(trades: DataFrame, amendments: DataFrame | None) -> list[AmendmentEffect]:
+    """Each cancel and correction of the day with the trade before and after it, in log
+    order per trade: the audit report's list and its cash effect. The amendments are few;
+    only their trades are collected."""
+    if amendments is None:
+        return []
+    rows = amendments.orderBy("trade_id", "kafka_partition", "kafka_offset").collect()
+    if not rows:
+        return []
+    ids = amendments.select("trade_id").distinct()
+    state = {r["trade_id"]: (r["price"], r["quantity"])
+             for r in trades.join(F.broadcast(ids), "trade_id", "left_semi")
+             .select("trade_id", "price", "quantity").collect()}
+    out = []
+    for r in rows:
+        before = state.get(r["trade_id"])
+        after = None if r["kind"] == CANCEL else (r["price"], r["quantity"])
+        out.append(AmendmentEffect.of(r, before, after))
+        state[r["trade_id"]] = after
+    return out

@@ -18,7 +18,15 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType
 
-from settlement.spark.schemas import AMOUNT, PRICE, PRODUCT, TRADE_SCHEMA, VWAP
+from settlement.contract import CANCEL, CORRECT, CORRECTED_FIELDS
+from settlement.spark.schemas import (
+    AMENDMENT_SCHEMA,
+    AMOUNT,
+    PRICE,
+    PRODUCT,
+    TRADE_SCHEMA,
+    VWAP,
+)
 
 # -- settlement steps ----------------------------------------------------------------------
 
@@ -37,6 +45,39 @@ def dedupe_trades(df: DataFrame) -> DataFrame:
     order = first + [c for c in df.columns if c not in first and c != "trade_id"]
     w = Window.partitionBy("trade_id").orderBy(*order)
     return df.withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1).drop("_n")
+
+
+def conform_amendments(df: DataFrame) -> DataFrame:
+    """Select and cast AMENDMENT_SCHEMA's columns (a JDBC read of ``trade_amendments``)."""
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in AMENDMENT_SCHEMA])
+
+
+def dedupe_amendments(df: DataFrame) -> DataFrame:
+    """One row per amendment identity (trade id, kind, version): the earliest copy, as
+    ``dedupe_trades`` (two ledgers' union holds the amendments both stored)."""
+    first = ["kafka_partition", "kafka_offset"]
+    order = first + [c for c in df.columns if c not in (*first, "trade_id", "kind", "version")]
+    w = Window.partitionBy("trade_id", "kind", "version").orderBy(*order)
+    return df.withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1).drop("_n")
+
+
+def final_trades(trades: DataFrame, amendments: DataFrame | None) -> DataFrame:
+    """The day's trades in their final states (TRADE_SCHEMA): a cancelled trade left out, a
+    corrected one with its highest version's values (its identity, date, seq and offset stay
+    the original's). ``amendments``: the day's accepted cancels and corrections (the readers
+    and the sites refused the rest), few: they are broadcast, the day is not shuffled."""
+    if amendments is None:
+        return trades
+    cancelled = amendments.where(F.col("kind") == CANCEL).select("trade_id").distinct()
+    w = Window.partitionBy("trade_id").orderBy(F.col("version").desc())
+    latest = (amendments.where(F.col("kind") == CORRECT)
+              .withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1)
+              .select("trade_id", *(F.col(c).alias(f"_new_{c}") for c in CORRECTED_FIELDS)))
+    out = (trades.join(F.broadcast(cancelled), "trade_id", "left_anti")
+           .join(F.broadcast(latest), "trade_id", "left"))
+    fields = [F.coalesce(F.col(f"_new_{f.name}"), F.col(f.name)).alias(f.name)
+              if f.name in CORRECTED_FIELDS else F.col(f.name) for f in TRADE_SCHEMA]
+    return out.select(fields)
 
 
 def positions(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:

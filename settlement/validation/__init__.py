@@ -20,8 +20,10 @@ from settlement.spark.figures import (
     DaySide,
     collect_figures,
     differing,
+    figures,
     partition_figures,
 )
+from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.validation.run import ValidationOutcome, register_views, run_suites
 
 __all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
@@ -55,6 +57,10 @@ def validate_frames(
     settled_figures: list[tuple[int, ...]] | None = None,
     copies_agree_within_partitions: bool = False,
     as_read_only_the_day: bool = False,
+    final_trades: DataFrame | None = None,
+    amendments: DataFrame | None = None,
+    amendment_figures: list[tuple[int, ...]] | None = None,
+    other_amendments: DataFrame | None = None,
 ) -> ValidationOutcome:
     """Run every suite that can fail on this run's frames.
 
@@ -73,6 +79,12 @@ def validate_frames(
     read held no trade of another date (``read_dates`` cannot fail). A ledger is a frame or
     a ``DaySide`` (its figures taken in PostgreSQL, its trades fetched by bucket).
 
+    Busts and corrections: ``amendments`` are the day's accepted cancels and corrections
+    (AMENDMENT_SCHEMA; None: the read has none), ``amendment_figures`` their figures when
+    the read took them, ``final_trades`` the day in final states (what was netted: the
+    invariants check the positions against it), ``other_amendments`` another copy's
+    (the ledger's for a Kafka-sourced run, site B's for a ledger-sourced one) to reconcile.
+
     The settled day's figures (``settlement.spark.figures``) are taken once, or handed over
     by the read (``settled_figures``); the checks then read the figures and, trade by trade,
     only the partitions and buckets whose figures say something is wrong (``figures`` in the
@@ -83,18 +95,32 @@ def validate_frames(
     markers = spark.createDataFrame(sorted(close_markers.items()), _MARKERS)
     t0 = time.perf_counter()
     buckets = collect_figures(spark, settlement_trades, settled_figures)
-    parts = partition_figures(spark, buckets, close_markers)
+    day_amendments = amendments if amendments is not None else spark.createDataFrame(
+        [], AMENDMENT_SCHEMA)
+    if amendment_figures is None and amendments is not None:
+        amendment_figures = [tuple(r) for r in figures(amendments).collect()]
+    parts = partition_figures(spark, buckets, close_markers, amendment_figures)
     part_rows = parts.collect()
     suspect = sorted(int(r["kafka_partition"]) for r in part_rows if r["suspect"])
     drill: dict[str, Any] = {"trades_day": {
         "partitions": len(part_rows), "suspect_partitions": suspect,
         "seconds": round(time.perf_counter() - t0, 3)}}
-    settled_suspect = (settlement_trades.where(F.col("kafka_partition").isin(suspect))
+    settled_suspect = (with_amendment_seqs(settlement_trades, day_amendments)
+                       .where(F.col("kafka_partition").isin(suspect))
                        if suspect else settlement_trades.limit(0))
     views = {"run_params": run_params, "close_markers_day": markers,
-             "read_trades": as_read, "settled_day": settlement_trades,
+             "read_trades": as_read,
+             "settled_day": final_trades if final_trades is not None else settlement_trades,
+             "day_trades": settlement_trades, "day_amendments": day_amendments,
              "day_partitions": parts}
     skip = dict(skip or {})
+    if amendments is None or not any(r["amendments"] for r in part_rows):
+        skip.setdefault("amendments_day", "no cancel or correction on this day")
+    if other_amendments is not None:
+        views["other_amendments"] = other_amendments
+    else:
+        skip.setdefault("reconcile_amendments", "no other copy of the day's cancels and "
+                                                "corrections to compare with")
 
     def side(name: str, x: DataFrame | DaySide) -> DaySide:
         if isinstance(x, DaySide):
@@ -148,8 +174,20 @@ def validate_frames(
         skip.setdefault("reconcile_site_a_b", "not the separate scheme (one ledger)")
     register_views(spark, views)
     frames = {"as_read": as_read, "settlement_trades": settled_suspect,
+              "amendments": day_amendments,
               "ledger_trades": ledger_rows, "ledger_b_trades": ledger_b_rows,
               "data_loss": data_loss, "positions": positions}
     outcome = run_suites(frames, skip, only)
     outcome.figures = drill
     return outcome
+
+
+def with_amendment_seqs(trades: DataFrame, amendments: DataFrame) -> DataFrame:
+    """The trades and the seqs the amendments took, as rows of TRADE_SCHEMA (an amendment's
+    trade id tagged with its kind, so that "one trade per partition and seq" names it): what
+    the completeness checks search in a suspect partition."""
+    tagged = amendments.select(
+        F.concat(F.col("trade_id"), F.lit(" ("), F.col("kind"), F.lit(")")).alias("trade_id"),
+        *(F.col(f.name) if f.name in amendments.columns and f.name != "trade_id"
+          else F.lit(None).cast(f.dataType).alias(f.name) for f in TRADE_SCHEMA.fields[1:]))
+    return trades.unionByName(tagged)

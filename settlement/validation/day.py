@@ -20,7 +20,7 @@ from settlement.eod.model import NoSource, Position, SourceChoice
 from settlement.eod.sources import choose_db
 from settlement.spark import transforms as T
 from settlement.spark.figures import BUCKET_SEQS, Bucket, DaySide, Figures, bucket_sql
-from settlement.spark.io import DayRead, read_ledger
+from settlement.spark.io import DayRead, read_amendments, read_ledger
 from settlement.spark.schemas import POSITIONS_SCHEMA, TRADE_SCHEMA
 from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
 from settlement.validation.run import ValidationOutcome
@@ -115,14 +115,16 @@ def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, n
 def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
                  positions: list[Position] | None,
-                 ahead: LedgerFigures | None = None) -> ValidationOutcome:
+                 ahead: LedgerFigures | None = None,
+                 final: DataFrame | None = None) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     retention gaps the chooser found in the ledgers, the positions.
 
     A ledger the run already read (a ledger-sourced day) is compared in Spark; any other
     by its figures in PostgreSQL (``ledger_side``; ``ahead``: those started early by
-    ``ledger_figures_ahead``), without reading its trades."""
+    ``ledger_figures_ahead``), without reading its trades. ``final``: the day in final
+    states (cancels and corrections applied), when it differs from ``trades``."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -151,6 +153,14 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     ledger_a = ledger_b = None
     if plan.sites:
         ledger_a, ledger_b = side("a"), side("b")
+    # The day's cancels and corrections against another copy of them: the ledger's for a
+    # Kafka-sourced day, the other site's for a day read from one site's ledger.
+    others: tuple[str, ...] = ()
+    if choice.source == "kafka":
+        others = plan.ledgers
+    elif plan.sites and len(choice.ledgers) == 1:
+        others = tuple(n for n in ("a", "b") if n not in choice.ledgers)
+    other_amendments = _amendments_of(spark, settings, others, trade_date) if others else None
     if positions is None:
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
@@ -168,7 +178,22 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         settled_figures=read.figures if trades is read.trades else None,
         copies_agree_within_partitions=read.copies_agree,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
+        final_trades=final, amendments=read.amendments,
+        amendment_figures=read.amendment_figures, other_amendments=other_amendments,
     )
+
+
+def _amendments_of(spark: SparkSession, settings: Settings, ledgers: tuple[str, ...],
+                   trade_date: str) -> DataFrame:
+    """The ledgers' cancels and corrections of the day (a union deduplicated), few:
+    collected into a local frame."""
+    frames = [read_amendments(spark, settings, n, trade_date) for n in ledgers]
+    union = frames[0]
+    for more in frames[1:]:
+        union = union.unionByName(more)
+    if len(frames) > 1:
+        union = T.dedupe_amendments(union)
+    return spark.createDataFrame(union.collect(), union.schema)
 
 
 def record_validation(settings: Settings, run_id: int, outcome: ValidationOutcome,

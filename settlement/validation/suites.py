@@ -50,10 +50,17 @@ asset's frame (GX registers it as ``tmp_view``: no view of ours may have that na
 - ``run_params``: one row (trade_date, partitions) for the run
 - ``close_markers_day``: (kafka_partition, last_seq) of the day, from the source
 - ``read_trades``: the read as it came in (the ``as_read`` frame)
-- ``settled_day``: the settled day, whole
 - ``day_partitions``: per partition of the settled day, its figures, last_seq and whether
   it is ``suspect`` (``settlement.spark.figures.partition_figures``)
 - ``kafka_day`` / ``ledger_a_day``: the trades to reconcile with, of the differing buckets
+- ``settled_day``: the day in final states (busts left out, corrections applied): what the
+  positions net; ``day_trades``: the day's trades as sent; ``day_amendments``: its accepted
+  cancels and corrections; ``other_amendments``: another copy of those, to reconcile
+
+Busts and corrections (``amendments_day``, ``reconcile_amendments``): each refers to a trade
+of the day before it on its partition, versions only rise and nothing follows a cancel, and
+the copies of the day agree on them. Their seqs count in the completeness checks like a
+trade's.
 """
 
 from __future__ import annotations
@@ -258,12 +265,15 @@ def invariants_suite() -> gx.ExpectationSuite:
     suite.append(_rows(
         "trade counts are twice the trades read", "invariants",
         "each trade has two legs: position trade_count sums to twice the trades of the "
-        "settled day (counted by validation's checksums of that day, not by the netting)",
+        "settled day (counted by validation's checksums of that day, not by the netting) "
+        "less its cancelled trades",
         """
-        select p.legs, r.trades
+        select p.legs, r.trades, c.cancelled
         from (select coalesce(sum(trade_count), 0) as legs from {batch}) p
         cross join (select coalesce(sum(trades), 0) as trades from day_partitions) r
-        where p.legs <> 2 * r.trades
+        cross join (select count(*) as cancelled from day_amendments
+                    where kind = 'cancel') c
+        where p.legs <> 2 * (r.trades - c.cancelled)
         """))
     suite.append(_rows(
         "positions carry the day's volume and notional", "invariants",
@@ -279,6 +289,60 @@ def invariants_suite() -> gx.ExpectationSuite:
         where not (d.volume <=> p.bought and d.notional <=> p.paid)
         """))
     return _suite("settlement_invariants", suite)
+
+
+_AMENDMENT_FIELDS = ("trade_date", "seq", "kafka_partition", "reason", "symbol", "price",
+                     "quantity", "buyer", "seller", "executed_at")
+
+
+def amendments_suite() -> gx.ExpectationSuite:
+    """On the day's accepted cancels and corrections (busts: FIX ExecType H; corrections:
+    G). The readers and the sites refuse an amendment of an unknown trade, a lower version or
+    a cancelled trade; these checks prove the settled day holds none."""
+    return _suite("amendments_day", [
+        _rows("every amendment refers to a trade of the day", "amendments",
+              "each cancel and correction names a trade settled on this date, on the same "
+              "partition and before it in the log",
+              """
+              select a.trade_id, a.kind, a.version, a.kafka_partition, a.kafka_offset
+              from {batch} a left anti join day_trades t
+                on t.trade_id = a.trade_id and t.kafka_partition = a.kafka_partition
+               and t.kafka_offset < a.kafka_offset and t.trade_date = a.trade_date
+              """),
+        _rows("versions only rise", "amendments",
+              "along the log, each correction of a trade has a higher version than the one "
+              "before it, and nothing follows a cancel",
+              """
+              select b.trade_id, a.kind as earlier, a.version as earlier_version,
+                     b.kind as later, b.version as later_version, b.kafka_offset
+              from {batch} a join {batch} b
+                on b.trade_id = a.trade_id and a.kafka_offset < b.kafka_offset
+              where a.kind = 'cancel'
+                 or (b.kind = 'correct' and a.kind = 'correct' and b.version <= a.version)
+              """),
+    ])
+
+
+def reconcile_amendments_suite() -> gx.ExpectationSuite:
+    """The day's cancels and corrections against another copy of them (``other_amendments``:
+    the ledger's when the day came from Kafka, site B's when it came from site A's ledger)."""
+    same = " and ".join(f"b.{c} <=> o.{c}" for c in _AMENDMENT_FIELDS)
+    key = ("o.trade_id = b.trade_id and o.kind = b.kind "
+           "and coalesce(o.version, 0) = coalesce(b.version, 0)")
+    return _suite("reconcile_amendments", [
+        _rows("amendments missing from the other copy", "reconciliation",
+              "every cancel and correction settled is in the other copy",
+              f"select b.trade_id, b.kind, b.version from {{batch}} b "
+              f"left anti join other_amendments o on {key}"),
+        _rows("amendments missing from the settled day", "reconciliation",
+              "every cancel and correction in the other copy was settled",
+              f"select o.trade_id, o.kind, o.version from other_amendments o "
+              f"left anti join {{batch}} b on {key}"),
+        _rows("both copies agree on each amendment", "reconciliation",
+              "an amendment in both copies has the same fields in both",
+              f"select b.trade_id, b.kind, b.version from {{batch}} b "
+              f"join other_amendments o on {key} where not ({same})"),
+    ])
 
 
 @dataclass(frozen=True)
@@ -303,6 +367,8 @@ def all_suites() -> list[SuitePlan]:
                                        "Kafka vs ledger"), "ledger_trades"),
         SuitePlan(reconciliation_suite("reconcile_site_a_b", "ledger_a_day", "ledger_b",
                                        "site A vs site B"), "ledger_b_trades"),
+        SuitePlan(amendments_suite(), "amendments"),
+        SuitePlan(reconcile_amendments_suite(), "amendments"),
         SuitePlan(data_loss_suite(), "data_loss"),
         SuitePlan(invariants_suite(), "positions"),
     ]

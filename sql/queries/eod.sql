@@ -11,9 +11,15 @@ where trade_date < %(trade_date)s
 group by kafka_partition
 
 -- name: partition_stats
-select kafka_partition, count(*), count(distinct seq), max(seq), min(kafka_offset)
-from trades
-where trade_date = %(trade_date)s
+-- Per partition: the day's trades, its distinct seqs, highest seq and first offset over the
+-- trades and the cancels and corrections (they take seqs too), and the amendments.
+select kafka_partition, count(*) filter (where not amend), count(distinct seq), max(seq),
+       min(kafka_offset), count(*) filter (where amend)
+from (select kafka_partition, seq, kafka_offset, false as amend from trades
+      where trade_date = %(trade_date)s
+      union all
+      select kafka_partition, seq, kafka_offset, true from trade_amendments
+      where trade_date = %(trade_date)s) d
 group by kafka_partition
 
 -- name: start_run
