@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
 
 from consumers.parse import (
     AmendedTrade,
@@ -16,14 +17,17 @@ from consumers.parse import (
     amendment_refusal,
     apply_amendment,
     decode,
+    trade_copy_line,
 )
-from settlement.contract import CANCEL, CORRECT
+from settlement.contract import CANCEL, CORRECT, TYPE_HEADER
 from settlement.db import connect
 from settlement.drills.checker import check_ledger, read_kafka_day
 from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, final_trades, simulate
+from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, split_classified
 from tests.conftest import Isolated
 from tests.helpers import positions_table, reference_positions, start_site, wait_exit
+from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_ledger import DATE, Builder, _ledger, _rows, _trade, _write
 
 
@@ -194,3 +198,72 @@ def test_busts_and_corrections_net_the_same_from_kafka_and_both_ledgers(
     as_sent = reference_positions(SimulationSpec(E2E_DATE, 3000, seed=11))
     assert as_sent != reference
     assert len(final_trades(iter(events))) == E2E.trades - sim["cancels"]
+
+
+# -- parity: the sites and the Kafka read refuse the same amendments for the same reasons -------
+def _stream() -> list[tuple[str, dict[str, object] | bytes]]:
+    """One partition's log: trades, then amendments good and bad, in offset order."""
+    other_day = "2026-11-20"
+    return [
+        ("trade", _trade(1)), ("trade", _trade(2, seq=2)),
+        ("trade", _trade(3, seq=3, trade_date=other_day)),
+        ("cancel", _cancel(9, 4)),  # unknown trade
+        ("correct", _correct(1, 5, 2, quantity=15)),
+        ("correct", _correct(1, 5, 2, quantity=15)),  # identical replay
+        ("correct", _correct(1, 6, 2, quantity=16)),  # conflicting replay
+        ("correct", _correct(2, 7, 3, price="12.5")),
+        ("correct", _correct(2, 8, 2, price="12.25")),  # lower version
+        ("correct", _correct(1, 9, 3, executed_at=f"{DATE}T15:00:00Z")),
+        ("cancel", _cancel(1, 10)),
+        ("correct", _correct(1, 11, 4)),  # of a cancelled trade
+        ("cancel", _cancel(1, 12, reason="again")),  # conflicting replay of the cancel
+        ("cancel", _cancel(1, 10)),  # identical replay of the cancel
+        ("cancel", _cancel(3, 13)),  # the trade is of another date
+        ("cancel", b'{"trade_id": "T000002", "trade_date": "2026-11-23", "seq": 14}'),
+        ("correct", _correct(2, 15, 1)),  # version 1 is the original's
+        ("cancel", _cancel(2, 16)),
+        ("trade", _trade(4, seq=17)),
+        ("correct", _correct(4, 18, 2, buyer="ACC3")),
+    ]
+
+
+@pytest.mark.services
+def test_sites_and_the_kafka_read_agree_on_every_amendment(
+        spark: SparkSession, isolated: Isolated) -> None:  # noqa: F811
+    stream = [(k, v if isinstance(v, bytes) else json.dumps(v).encode()) for k, v in _stream()]
+    # The site: the parser, then the ledger (one batch per message, as a slow day runs).
+    ledger = _ledger(isolated)
+    for off, (kind, raw) in enumerate(stream):
+        b = Builder()
+        try:
+            obj = decode(raw, 10_000)
+            if kind == "trade":
+                b.line(trade_copy_line(obj, 0, off, "a"), 0, off, raw)
+            else:
+                b.batch.amendments.append({"a": amendment(obj, kind), "partition": 0,
+                                           "offset": off, "raw": raw})
+                b._seen(0, off)
+        except Malformed as e:
+            b.dead(0, off, str(e))
+        _write(ledger, b)
+    dead = dict(_rows(isolated, "select kafka_offset, reason from dead_letters"))
+    stored = {o for (o,) in _rows(isolated, "select kafka_offset from trade_amendments")}
+    site = {off: dead.get(off, "stored" if off in stored else "replay")
+            for off, (kind, _) in enumerate(stream) if kind != "trade"}
+    # The end of day's reader, on the same log.
+    frame = spark.createDataFrame(
+        [(b"k", raw, 0, off, [(TYPE_HEADER, kind.encode())])
+         for off, (kind, raw) in enumerate(stream)],
+        "key binary, value binary, partition int, offset long, "
+        "headers array<struct<key:string,value:binary>>").coalesce(1)
+    rows = classify_kafka_values(frame, 10_000).collect()
+    reader = {r["kafka_offset"]: r["reason"] or ("replay" if r["_dup"] else "stored")
+              for r in rows if r["_kind"] != "trade"}
+    assert reader == site
+    assert sorted(o for o, v in site.items() if v == "stored") == [4, 7, 9, 10, 17, 19]
+    assert site[5] == site[13] == "replay"
+    # The day's amendments, as the reader hands them to the settlement.
+    amends = split_classified(spark.createDataFrame(rows, CLASSIFIED_SCHEMA)).amendments
+    assert sorted((r["trade_id"], r["kind"], r["version"]) for r in amends.collect()) == [
+        ("T000001", "cancel", None), ("T000001", "correct", 2), ("T000001", "correct", 3),
+        ("T000002", "cancel", None), ("T000002", "correct", 3), ("T000004", "correct", 2)]
