@@ -5,6 +5,7 @@ exactly once by the sites with the reasons for what they refuse, and netted as f
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,13 @@ from settlement.contract import CANCEL, CORRECT, TYPE_HEADER
 from settlement.db import connect
 from settlement.drills.checker import check_ledger, read_kafka_day
 from settlement.eod.pipeline import run_eod
-from settlement.simulator.gateway import DayGenerator, SimulationSpec, final_trades, simulate
+from settlement.simulator.gateway import (
+    Amend,
+    DayGenerator,
+    SimulationSpec,
+    final_trades,
+    simulate,
+)
 from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, split_classified
 from tests.conftest import Isolated
 from tests.helpers import positions_table, reference_positions, start_site, wait_exit
@@ -194,6 +201,19 @@ def test_busts_and_corrections_net_the_same_from_kafka_and_both_ledgers(
         assert any(n.startswith("reconcile_amendments@") for n in ran), run["validation"][
             "skipped"]
     assert from_kafka == from_db == reference
+    # The audit report lists them with their cash effect, computed here independently.
+    original = {e.trade_id: e for e in events if not isinstance(e, Amend)}
+    change = (sum((t.price * t.quantity for t in final_trades(iter(events))), Decimal(0))
+              - sum((t.price * t.quantity for t in original.values()), Decimal(0)))
+    for run in (kafka, db):
+        facts = json.loads(Path(run["report_json"]).read_text())["amendments"]
+        assert (facts["cancelled"], facts["corrections"]) == (sim["cancels"],
+                                                              sim["corrections"])
+        assert Decimal(facts["notional_change"]) == change != 0
+        assert len(facts["listed"]) == sim["cancels"] + sim["corrections"]
+        html = Path(run["report_path"]).read_text()
+        assert "<h2>Busts and corrections</h2>" in html
+        assert f'data-amendments="{sim["cancels"] + sim["corrections"]}"' in html
     # The reference really differs from netting the trades as sent.
     as_sent = reference_positions(SimulationSpec(E2E_DATE, 3000, seed=11))
     assert as_sent != reference

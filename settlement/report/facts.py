@@ -16,6 +16,8 @@ from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.validation.run import ValidationOutcome
 
 TOP_OBLIGATIONS = 10
+# Busts and corrections listed by name: the largest cash effects first (all are counted).
+LISTED_AMENDMENTS = 500
 FAILOVER_GAP = dt.timedelta(seconds=3)  # heartbeats are 1 s apart; 3 missed = a dead site
 # The open ends of an ingestion window, as bounds PostgreSQL's timestamptz can hold.
 OPEN_START = dt.datetime(1, 1, 2, tzinfo=dt.UTC)
@@ -164,5 +166,17 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Sourc
         # Read from Kafka: late trades of earlier days that sat in this day's range.
         "late_trades_in_range": {d: {str(p): n for p, n in sorted(parts.items())}
                                  for d, parts in sorted(result.late_in_range.items())},
+        "amendments": amendment_facts(result),
         "timings": result.timings,
     }
+
+
+def amendment_facts(result: SettlementResult) -> dict[str, Any]:
+    """The day's busts and corrections: counts, their total cash effect (the change in
+    notional they made), and the largest by cash effect with the trade before and after."""
+    items = result.amendments
+    listed = sorted(items, key=lambda a: (-abs(a.notional_change), a.trade_id, a.seq))
+    return {"cancelled": sum(1 for a in items if a.kind == "cancel"),
+            "corrections": sum(1 for a in items if a.kind == "correct"),
+            "notional_change": str(sum((a.notional_change for a in items), Decimal(0))),
+            "listed": [a.as_dict() for a in listed[:LISTED_AMENDMENTS]]}

@@ -67,6 +67,30 @@ def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None =
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _amendments_section(a: Any) -> list[str]:
+    """Busts and corrections: settled in their final states; each listed with the trade
+    before and after it and its cash effect (the change in the trade's notional)."""
+    if not isinstance(a, dict) or not (a.get("cancelled") or a.get("corrections")):
+        return []
+    listed = a.get("listed") if isinstance(a.get("listed"), list) else []
+    total = int(a.get("cancelled") or 0) + int(a.get("corrections") or 0)
+    return [
+        "<h2>Busts and corrections</h2>",
+        f'<p data-amendments="{_e(total)}">{_e(a.get("cancelled"))} trade(s) busted and '
+        f'{_e(a.get("corrections"))} correction(s) applied: the day is settled in its final '
+        f'states. Change in notional: <b>{_e(_money(a.get("notional_change")))}</b>'
+        + (f" (the {len(listed)} largest by cash effect listed)" if len(listed) < total
+           else "") + ".</p>",
+        _table(["trade", "kind", "version", "partition", "seq", "price before", "qty before",
+                "price after", "qty after", "notional change", "reason"],
+               [[x.get("trade_id"), x.get("kind"), x.get("version") or "", x.get("kafka_partition"),
+                 x.get("seq"), x.get("price_before") or "", x.get("quantity_before") or "",
+                 x.get("price_after") or "", x.get("quantity_after") or "",
+                 _money(x.get("notional_change")), x.get("reason") or ""]
+                for x in listed if isinstance(x, dict)], {2, 3, 4, 5, 6, 7, 8, 9}),
+    ]
+
+
 def _money(v: Any) -> str:
     try:
         return f"{float(v):,.2f}"  # display only; the JSON keeps the exact decimal string
@@ -186,6 +210,7 @@ def render_html(f: dict[str, Any]) -> str:
         out.append(_table(["trade date", "partition", "late trades"],
                           [[d, p, n] for d, parts in f["late_trades_in_range"].items()
                            for p, n in parts.items()], {2}))
+    out.extend(_amendments_section(f.get("amendments")))
     out.append("<h2>Largest obligations</h2>")
     out.append(_table(["account", "net cash", "direction", "bought", "sold", "trades"],
                       [[o["account"], _money(o["net_cash"]),
