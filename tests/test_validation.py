@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.spark import transforms as T
+from settlement.spark.schemas import AMENDMENT_SCHEMA
 from settlement.validation import DATA_LOSS_SCHEMA, ValidationOutcome, validate_frames
 from settlement.validation.run import ensure_project, get_context
 from settlement.validation.suites import all_suites
@@ -57,6 +58,8 @@ KAFKA = "reconcile_kafka_ledger@ledger_trades"
 SITES = "reconcile_site_a_b@ledger_b_trades"
 INVARIANTS = "settlement_invariants@positions"
 LOSS = "data_loss@data_loss"
+AMENDS = "amendments_day@amendments"
+RECONCILE_AMENDS = "reconcile_amendments@amendments"
 
 ALL_CHECKS = {
     f"{READ_DATES}: every trade read is of the run's date",
@@ -77,7 +80,29 @@ ALL_CHECKS = {
     f"{INVARIANTS}: net columns are consistent",
     f"{INVARIANTS}: trade counts are twice the trades read",
     f"{INVARIANTS}: positions carry the day's volume and notional",
+    f"{AMENDS}: every amendment refers to a trade of the day",
+    f"{AMENDS}: versions only rise",
+    f"{RECONCILE_AMENDS}: amendments missing from the other copy",
+    f"{RECONCILE_AMENDS}: amendments missing from the settled day",
+    f"{RECONCILE_AMENDS}: both copies agree on each amendment",
 }
+
+
+def _amend(trade: Row, seq: int, offset: int, kind: str = "correct", version: int = 2,
+           qty: int | None = None, price: str | None = None) -> Row:
+    """A cancel (``kind``) or a correction of ``trade`` (AMENDMENT_SCHEMA order) at its own
+    seq and offset on the trade's partition."""
+    tid, date, _, part, _, symbol, old_price, old_qty, buyer, seller, at = trade
+    if kind == "cancel":
+        return (tid, date, seq, part, offset, kind, None, "trade break", None, None, None, None,
+                None, None)
+    return (tid, date, seq, part, offset, kind, version, None, symbol,
+            Decimal(price) if price else old_price, qty or old_qty, buyer, seller, at)
+
+
+# A day with a bust and a correction: T1 corrected (seq 4 of partition 0), T3 busted (seq 5).
+AMENDED = (_amend(GOOD[0], 4, 300, qty=12, price="10.4000"), _amend(GOOD[2], 5, 301, "cancel"))
+AMENDED_MARKERS = ((0, 5), (1, 2))
 
 # How validate_frames registers each frame: as a suite's asset and/or as a view its queries
 # read.
@@ -91,6 +116,8 @@ FRAME_NAMES = {
     "positions": ("positions",),
     "markers": ("close_markers_day",),
     "data_loss": ("data_loss",),
+    "amendments": ("amendments", "day_amendments"),
+    "other_amendments": ("other_amendments",),
 }
 
 
@@ -119,6 +146,9 @@ class Day:
     markers: tuple[tuple[int, int], ...] = tuple(MARKERS.items())
     positions: Any = None  # a function (spark, settled frame) -> positions frame
     data_loss: tuple[Row, ...] = ()  # retention gaps the sites recorded (DATA_LOSS_SCHEMA)
+    amendments: tuple[Row, ...] = ()  # the day's cancels and corrections (AMENDMENT_SCHEMA)
+    # the ledger's copy of them (Kafka-sourced) or site B's (db); None: the same
+    other_amendments: tuple[Row, ...] | None = None
 
     def frames(self) -> dict[str, Any]:
         settled = list(self.settled) if self.settled is not None else _settle(self.read)
@@ -131,7 +161,9 @@ class Day:
             kafka = settled
         return {"as_read": list(self.read), "settled": settled, "kafka": kafka,
                 "ledger": ledger, "ledger_a": a, "ledger_b": b, "markers": dict(self.markers),
-                "data_loss": list(self.data_loss)}
+                "data_loss": list(self.data_loss), "amendments": list(self.amendments),
+                "other_amendments": list(self.amendments if self.other_amendments is None
+                                         else self.other_amendments)}
 
 
 def db_day(rows: list[Row] = GOOD, **kw: Any) -> Day:
@@ -162,14 +194,18 @@ def validate(spark: SparkSession, day: Day, everything: bool = False,  # noqa: F
         only = readers(changed)
     settled = frame(spark, rows["settled"])
     assert settled is not None
-    positions = (day.positions or (lambda s, t: T.positions(t, DATE)))(spark, settled)
+    amendments = spark.createDataFrame(rows["amendments"], AMENDMENT_SCHEMA)
+    final = T.final_trades(settled, amendments)
+    positions = (day.positions or (lambda s, t: T.positions(t, DATE)))(spark, final)
     return validate_frames(
         spark, trade_date=DATE, partitions=2, as_read=frame(spark, rows["as_read"]),
         settlement_trades=settled, close_markers=rows["markers"], positions=positions,
         ledger=frame(spark, rows["ledger"]), kafka=settled if rows["kafka"] is not None else None,
         ledger_a=frame(spark, rows["ledger_a"]), ledger_b=frame(spark, rows["ledger_b"]),
         data_loss=spark.createDataFrame(rows["data_loss"], DATA_LOSS_SCHEMA),
-        unique_ids=day.source == "db", only=only, **reader)
+        unique_ids=day.source == "db", only=only, final_trades=final, amendments=amendments,
+        other_amendments=spark.createDataFrame(rows["other_amendments"], AMENDMENT_SCHEMA),
+        **reader)
 
 
 def failing(out: ValidationOutcome) -> set[str]:
@@ -218,7 +254,7 @@ def test_a_good_day_passes_every_check(spark: SparkSession) -> None:  # noqa: F8
     from urllib.parse import urlparse
 
     started = time.time()
-    out = validate(spark, Day(), everything=True)
+    out = validate(spark, Day(amendments=AMENDED, markers=AMENDED_MARKERS), everything=True)
     assert out.success, [c.as_dict() for c in out.failures]
     assert out.skipped == {}
     assert {f"{c.suite}@{c.asset}: {c.name}" for c in out.checks} == ALL_CHECKS
@@ -446,7 +482,7 @@ def test_a_leg_counted_twice_is_named(spark: SparkSession) -> None:  # noqa: F81
     # The read holds 5 trades (T1 twice, one trade): 10 legs, not 11.
     day = Day(positions=bump(trade_count={("C", "MSFT"): 1}))
     rows = fails_alone(spark, day, f"{INVARIANTS}: trade counts are twice the trades read")
-    assert rows == [{"legs": 11, "trades": 5}]
+    assert rows == [{"legs": 11, "trades": 5, "cancelled": 0}]
 
 
 def test_positions_that_lose_volume_are_named(spark: SparkSession) -> None:  # noqa: F811
@@ -488,3 +524,61 @@ def test_the_operations_guide_lists_every_check_with_its_failing_test() -> None:
     assert set(documented) == ALL_CHECKS
     tests = {n for n in globals() if n.startswith("test_")}
     assert set(documented.values()) <= tests, set(documented.values()) - tests
+
+
+# -- busts and corrections -------------------------------------------------------------------
+
+
+def amended_day(**kw: Any) -> Day:
+    return Day(**{"amendments": AMENDED, "markers": AMENDED_MARKERS, **kw})
+
+
+def test_a_day_without_amendments_skips_their_checks(spark: SparkSession) -> None:  # noqa: F811
+    out = validate(spark, Day(), everything=True)
+    assert out.success and set(out.skipped) == {AMENDS}, out.skipped
+    assert out.skipped[AMENDS] == "no cancel or correction on this day"
+
+
+def test_an_amendment_of_a_trade_not_in_the_day_is_named(spark: SparkSession) -> None:  # noqa: F811
+    ghost = _amend(_trade(9, 1, 9), 3, 302, "cancel")
+    rows = fails_alone(spark, amended_day(amendments=(*AMENDED, ghost),
+                                          markers=((0, 5), (1, 3))),
+                       f"{AMENDS}: every amendment refers to a trade of the day")
+    assert rows == [{"trade_id": "T9", "kind": "cancel", "version": None,
+                     "kafka_partition": 1, "kafka_offset": 302}]
+
+
+def test_a_falling_version_and_a_correction_after_a_bust_are_named(spark: SparkSession  # noqa: F811
+                                                                     ) -> None:
+    v3 = _amend(GOOD[0], 4, 300, version=3, qty=12)
+    v2 = _amend(GOOD[0], 5, 301, version=2, qty=13)
+    after_bust = _amend(GOOD[2], 6, 303, version=2)
+    day = amended_day(amendments=(v3, v2, _amend(GOOD[2], 7, 302, "cancel"), after_bust),
+                      markers=((0, 7), (1, 2)))
+    rows = fails_alone(spark, day, f"{AMENDS}: versions only rise")
+    assert sorted((r["trade_id"], r["earlier"], r["later"]) for r in rows) == [
+        ("T1", "correct", "correct"), ("T3", "cancel", "correct")]
+
+
+def test_amendments_the_other_copy_lacks_or_states_otherwise_are_named(
+        spark: SparkSession) -> None:  # noqa: F811
+    changed = _amend(GOOD[0], 4, 300, qty=99, price="10.4000")
+    out = validate(spark, amended_day(other_amendments=(changed,)))
+    assert failing(out) == {f"{RECONCILE_AMENDS}: amendments missing from the other copy",
+                            f"{RECONCILE_AMENDS}: both copies agree on each amendment"}
+    assert examples(out, f"{RECONCILE_AMENDS}: amendments missing from the other copy") == [
+        {"trade_id": "T3", "kind": "cancel", "version": None}]
+
+
+def test_an_amendments_seq_counts_in_the_day(spark: SparkSession) -> None:  # noqa: F811
+    """The close marker counts amendments: without the bust at seq 5, seq 5 is lost."""
+    rows = fails_alone(spark, amended_day(amendments=AMENDED[:1]), f"{TRADES}: no sequence gaps")
+    assert rows == [{"trade_date": DATE, "kafka_partition": 0, "seq": 5}]
+
+
+def test_positions_that_ignore_a_bust_fail_the_invariants(spark: SparkSession) -> None:  # noqa: F811
+    as_sent = amended_day(positions=lambda s, t: T.positions(
+        s.createDataFrame(GOOD, T.TRADE_SCHEMA), DATE))
+    out = validate(spark, as_sent)
+    assert f"{INVARIANTS}: trade counts are twice the trades read" in failing(out)
+    assert f"{INVARIANTS}: positions carry the day's volume and notional" in failing(out)

@@ -271,8 +271,9 @@ def invariants_suite() -> gx.ExpectationSuite:
         select p.legs, r.trades, c.cancelled
         from (select coalesce(sum(trade_count), 0) as legs from {batch}) p
         cross join (select coalesce(sum(trades), 0) as trades from day_partitions) r
-        cross join (select count(*) as cancelled from day_amendments
-                    where kind = 'cancel') c
+        cross join (select count(distinct a.trade_id) as cancelled from day_amendments a
+                    left semi join day_trades t on t.trade_id = a.trade_id
+                    where a.kind = 'cancel') c
         where p.legs <> 2 * (r.trades - c.cancelled)
         """))
     suite.append(_rows(
