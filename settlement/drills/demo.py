@@ -1,11 +1,11 @@
 """`settle demo`: the main job end to end on the embedded services.
 
-A simulated trading day with duplicates, malformed messages and aborted transactions; both
-sites consuming in the chosen scheme; site A killed once it has committed a chosen fraction of
-its share of the day (read from the ledger, so the kill always finds it working) and site B
-taking over; then the end-of-day steps that exist, and a summary. The demo works in its own
-namespace (topic ``demo_trades``, databases ``demo_*``) so it never disturbs other data, and
-resets that namespace at every run.
+A simulated trading day with duplicates, malformed messages, aborted transactions, busts and
+corrections; both sites consuming in the chosen scheme; site A killed once it has committed a
+chosen fraction of its share of the day (read from the ledger, so the kill always finds it
+working) and site B taking over; then the end-of-day steps that exist, and a summary. The
+demo works in its own namespace (topic ``demo_trades``, databases ``demo_*``) so it never
+disturbs other data, and resets that namespace at every run.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
                      for s in ("a", "b")}, timeout=60)
     gw = spawn_settle(["simulate", "--date", opts.trade_date, "--trades", str(opts.trades),
                        "--seed", str(opts.seed), "--dup-rate", "0.01", "--bad-rate", "0.001",
-                       "--abort-rate", "0.1", "--rate", str(opts.rate)], env,
+                       "--abort-rate", "0.1", "--cancel-rate", "0.002", "--correct-rate",
+                       "0.003", "--rate", str(opts.rate)], env,
                       logs / "gateway.log")
     progress = wait_for_share(
         settings.ledger_dsn(settings.site_ledger("a", opts.scheme)), "a",
@@ -99,6 +100,9 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         "duplicates_injected": sim.get("duplicates_injected"),
         "malformed_injected": sim.get("malformed_injected"),
         "aborted_trades": sim.get("aborted"),
+        "busts_published": sim.get("cancels"),
+        "corrections_published": sim.get("corrections"),
+        "ledger_amendments": check.amendments,
         "site_a_killed_at": time.strftime("%H:%M:%S", time.gmtime(killed_at)),
         "site_a_at_kill": progress.describe(),
         "survivor_ledger": survivor,

@@ -63,6 +63,10 @@ from settlement.drills.runner import SiteProcesses, spawn_settle, wait
 FAULTS = ("kill", "pause", "db-restart", "broker-kill", "eod-kill")
 SCHEMES = ("separate", "shared")
 RTO_TARGET_SECONDS = 10.0
+# Every drill's day carries busts and corrections (issue 28): the failover must keep them
+# exactly once like the trades, and the eod-kill drill's close settles them.
+CANCEL_RATE = 0.002
+CORRECT_RATE = 0.003
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class DrillResult:
     seconds: float
     examples: dict[str, Any] = field(default_factory=dict)
     close: dict[str, Any] | None = None  # eod-kill: how the close phase went
+    # Busts and corrections the gateway sent, and each ledger's stored (all, once each).
+    amendments_sent: int = 0
+    ledger_amendments: dict[str, int] = field(default_factory=dict)
     passed: bool = False
     report_path: str | None = None
 
@@ -251,7 +258,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
                      for s in ("a", "b")}, timeout=60)
     gw = spawn_settle(["simulate", "--date", spec.trade_date, "--trades", str(spec.trades),
                        "--seed", str(spec.seed), "--dup-rate", "0.01", "--bad-rate", "0.002",
-                       "--abort-rate", "0.1", "--rate", str(spec.rate)], env,
+                       "--abort-rate", "0.1", "--cancel-rate", str(CANCEL_RATE),
+                       "--correct-rate", str(CORRECT_RATE), "--rate", str(spec.rate)], env,
                       logs / "gateway.log")
     say(f"publishing {spec.trades:,} trades; {spec.fault} when site A has {spec.at:.0%} "
         "of its share")
@@ -286,12 +294,15 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     day = read_kafka_day(settings, spec.trade_date)
     lost = duplicated = unexpected = nonmono = 0
     rows: dict[str, int] = {}
+    amended: dict[str, int] = {}
     examples: dict[str, Any] = {}
     for ledger in _ledgers(spec):
         res = check_ledger(settings.ledger_dsn(ledger), day, settings.topic)
         with psycopg.connect(settings.ledger_dsn(ledger)) as conn:
             nonmono += _nonmonotonic(conn, spec.trade_date)
-        lost += len(res.lost)
+        # A bust or correction neither stored nor dead-lettered is lost like a trade.
+        lost += len(res.lost) + len(res.lost_amendments)
+        amended[ledger] = res.amendments
         duplicated += len(res.duplicated)
         unexpected += len(res.unexpected)
         rows[ledger] = res.ledger_rows
@@ -303,6 +314,8 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
         spec=asdict(spec), lost=lost, duplicated=duplicated, unexpected=unexpected,
         nonmonotonic=nonmono, rto_seconds=rto, rto_note=note, rpo_trades=lost,
         ledger_trades=rows, kafka_trades=len(day.trade_ids),
+        amendments_sent=int(sim.get("cancels", 0)) + int(sim.get("corrections", 0)),
+        ledger_amendments=amended,
         fenced_batches=sum(int(o.get("fenced", 0)) for o in outputs),
         fault_at=fault_at.isoformat(), fault_note=fault_note,
         seconds=round(time.monotonic() - started, 1),
@@ -311,6 +324,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     # dead, and its takeover time is reported, not judged.
     result.passed = (lost == duplicated == unexpected == nonmono == 0
                      and len(day.trade_ids) == sim.get("trades")
+                     and all(n == result.amendments_sent for n in amended.values())
                      and rto is not None
                      and not (spec.scheme == "shared" and spec.fault == "kill"
                               and rto > RTO_TARGET_SECONDS)
