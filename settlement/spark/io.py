@@ -22,7 +22,7 @@ from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
-from settlement.spark.schemas import TRADE_SCHEMA
+from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 
 
 def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
@@ -142,13 +142,18 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     classified = P.classify_kafka_values(raw, settings.max_message_bytes).persist()
     facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
+    # The day's cancels and corrections are few: collected once into a local frame (the
+    # settlement, validation and the report each read them), or none at all when the
+    # counting pass found none (no scan of the day for them).
+    day_amendments = _on_date(parsed.amendments, trade_date)
+    amendments = spark.createDataFrame(
+        day_amendments.collect() if facts.amendment_figures else [], AMENDMENT_SCHEMA)
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
         figures=facts.figures, copies_agree=True, other_dates=facts.other_dates,
-        amendments=_on_date(parsed.amendments, trade_date),
-        amendment_figures=facts.amendment_figures)
+        amendments=amendments, amendment_figures=facts.amendment_figures)
 
 
 @dataclass
