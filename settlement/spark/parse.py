@@ -197,15 +197,16 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     # -> the kept copy packed in one int (offset << 64 | 64-bit fingerprint), since a task
     # holds a partition's day, millions of ids; and trade date -> the kept close marker's
     # (last_seq, offset).
-    # The kept copy's int also carries its trade date (as an ordinal, above bit 128): an
-    # amendment must name its trade's date.
+    # An amendment must name its trade's date: per partition, the first trade's date, and
+    # the trades of any other date (none on a normal day, so the hot path adds one compare).
     seen_in: dict[int, dict[str, int]] = {}
+    first_date: dict[int, str] = {}
+    other_dates: dict[int, dict[str, str]] = {}
     closes_in: dict[int, dict[str, tuple[int, int]]] = {}
     # Amendments, as the sites hold them (consumers.parse.amendment_refusal): per partition,
     # trade id -> its state once amended, and each amendment identity -> its kept copy.
     amended_in: dict[int, dict[str, AmendedTrade]] = {}
     amends_in: dict[int, dict[tuple[str, str, int], int]] = {}
-    ordinals: dict[str, int] = {}
     mask = (1 << 64) - 1
     for batch in batches:
         partitions = batch.column(0).to_pylist()
@@ -240,15 +241,15 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         seen = seen_in[partitions[i]] = {}
                     kept = seen.get(t.trade_id)
                     if kept is None:
-                        day = ordinals.get(t.trade_date)
-                        if day is None:
-                            day = ordinals[t.trade_date] = _ordinal(t.trade_date)
-                        seen[t.trade_id] = (day << 64 | offsets[i]) << 64 | fp
+                        seen[t.trade_id] = offsets[i] << 64 | fp
+                        day = first_date.setdefault(partitions[i], t.trade_date)
+                        if t.trade_date != day:
+                            other_dates.setdefault(partitions[i], {})[t.trade_id] = \
+                                t.trade_date
                     elif kept & mask == fp:
                         dups[i] = True
                     else:
-                        raise Malformed(conflict_reason(t.trade_id, partitions[i],
-                                                        (kept >> 64) & mask))
+                        raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
                     trades[i] = t
                 elif kind == CLOSE:
                     cm = close_marker(obj, partitions[i])
@@ -270,10 +271,9 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         dups[i] = True
                     else:
                         state = amended_in.setdefault(p, {}).get(a.trade_id)
-                        if state is None:
-                            kept = seen_in.get(p, {}).get(a.trade_id)
-                            if kept is not None:
-                                state = AmendedTrade(_date_of(kept >> 128))
+                        if state is None and a.trade_id in seen_in.get(p, {}):
+                            state = AmendedTrade(other_dates.get(p, {}).get(
+                                a.trade_id, first_date[p]))
                         why = amendment_refusal(a, state)
                         if why is not None:
                             raise Malformed(why)
@@ -289,18 +289,6 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                 reasons[i], raws[i] = str(e), values[i]
         yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
                       versions, notes)
-
-
-def _ordinal(trade_date: str) -> int:
-    import datetime as dt
-
-    return dt.date.fromisoformat(trade_date).toordinal()
-
-
-def _date_of(ordinal: int) -> str:
-    import datetime as dt
-
-    return dt.date.fromordinal(ordinal).isoformat()
 
 
 def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
