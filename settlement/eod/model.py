@@ -150,6 +150,11 @@ class LedgerState:
         return sum(s.rows for s in self.stats.values())
 
     @property
+    def amendments(self) -> int:
+        """The day's cancels and corrections this ledger holds."""
+        return sum(s.amendments for s in self.stats.values())
+
+    @property
     def expected_trades(self) -> int:
         return sum(m.last_seq for m in self.markers.values())
 

@@ -143,11 +143,11 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
-    # settlement, validation and the report each read them), or none at all when the
-    # counting pass found none (no scan of the day for them).
-    day_amendments = _on_date(parsed.amendments, trade_date)
+    # settlement, validation and the report each read them); None when the counting pass
+    # found none (nothing scans the day for them, nothing applies them).
     amendments = spark.createDataFrame(
-        day_amendments.collect() if facts.amendment_figures else [], AMENDMENT_SCHEMA)
+        _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
+    ) if facts.amendment_figures else None
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
@@ -248,18 +248,28 @@ def read_amendments(spark: SparkSession, settings: Settings, ledger: str, trade_
     return T.conform_amendments(spark.read.jdbc(url, query, properties=props))
 
 
+def ledger_amendments(spark: SparkSession, settings: Settings, choice: SourceChoice,
+                      ledgers: tuple[str, ...], trade_date: str) -> DataFrame | None:
+    """The ledgers' cancels and corrections of the day (a union deduplicated), few: collected
+    once into a local frame. None when the chooser counted none in any of them (a ledger it
+    could not count is read)."""
+    states = [choice.states.get(n) for n in ledgers]
+    if ledgers and all(st is not None and st.amendments == 0 for st in states):
+        return None
+    frames = [read_amendments(spark, settings, n, trade_date) for n in ledgers]
+    union = frames[0]
+    for more in frames[1:]:
+        union = union.unionByName(more)
+    if len(frames) > 1:
+        union = T.dedupe_amendments(union)
+    return spark.createDataFrame(union.collect(), AMENDMENT_SCHEMA)
+
+
 def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
             ledgers: tuple[str, ...], trade_date: str) -> DayRead:
     """The ledger(s); a union of two when no single ledger is complete."""
     frames = {name: read_ledger(spark, settings, choice, name, trade_date) for name in ledgers}
-    amended = [read_amendments(spark, settings, name, trade_date) for name in ledgers]
-    amendments = amended[0]
-    for more in amended[1:]:
-        amendments = amendments.unionByName(more)
-    # Small: collected once into a local frame (two ledgers' union deduplicated first).
-    amendments = spark.createDataFrame(
-        (T.dedupe_amendments(amendments) if len(amended) > 1 else amendments).collect(),
-        amendments.schema)
+    amendments = ledger_amendments(spark, settings, choice, ledgers, trade_date)
     closes: dict[int, int] = {}
     for name in ledgers:
         st = choice.states.get(name)

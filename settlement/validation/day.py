@@ -20,8 +20,8 @@ from settlement.eod.model import NoSource, Position, SourceChoice
 from settlement.eod.sources import choose_db
 from settlement.spark import transforms as T
 from settlement.spark.figures import BUCKET_SEQS, Bucket, DaySide, Figures, bucket_sql
-from settlement.spark.io import DayRead, read_amendments, read_ledger
-from settlement.spark.schemas import POSITIONS_SCHEMA, TRADE_SCHEMA
+from settlement.spark.io import DayRead, ledger_amendments, read_ledger
+from settlement.spark.schemas import AMENDMENT_SCHEMA, POSITIONS_SCHEMA, TRADE_SCHEMA
 from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
 from settlement.validation.run import ValidationOutcome
 
@@ -160,7 +160,14 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         others = plan.ledgers
     elif plan.sites and len(choice.ledgers) == 1:
         others = tuple(n for n in ("a", "b") if n not in choice.ledgers)
-    other_amendments = _amendments_of(spark, settings, others, trade_date) if others else None
+    other_amendments = None
+    if others:
+        other_amendments = ledger_amendments(spark, settings, choice, others, trade_date)
+        if other_amendments is None and read.amendments is None:
+            skip["reconcile_amendments"] = ("neither copy of the day holds a cancel or a "
+                                            "correction")
+        elif other_amendments is None:
+            other_amendments = spark.createDataFrame([], AMENDMENT_SCHEMA)
     if positions is None:
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
@@ -182,18 +189,6 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
     )
 
-
-def _amendments_of(spark: SparkSession, settings: Settings, ledgers: tuple[str, ...],
-                   trade_date: str) -> DataFrame:
-    """The ledgers' cancels and corrections of the day (a union deduplicated), few:
-    collected into a local frame."""
-    frames = [read_amendments(spark, settings, n, trade_date) for n in ledgers]
-    union = frames[0]
-    for more in frames[1:]:
-        union = union.unionByName(more)
-    if len(frames) > 1:
-        union = T.dedupe_amendments(union)
-    return spark.createDataFrame(union.collect(), union.schema)
 
 
 def record_validation(settings: Settings, run_id: int, outcome: ValidationOutcome,
