@@ -116,7 +116,7 @@ FRAME_NAMES = {
     "positions": ("positions",),
     "markers": ("close_markers_day",),
     "data_loss": ("data_loss",),
-    "amendments": ("amendments", "day_amendments"),
+    "amendments": ("amendments", "day_amendments", "day_cancelled"),
     "other_amendments": ("other_amendments",),
 }
 

@@ -113,6 +113,13 @@ def validate_frames(
              "settled_day": final_trades if final_trades is not None else settlement_trades,
              "day_trades": settlement_trades, "day_amendments": day_amendments,
              "day_partitions": parts}
+    # How many trades of the day are busted (a cancel of a trade not in the day is
+    # amendments_day's to name): the day is searched only when it has amendments.
+    views["day_cancelled"] = spark.createDataFrame([(0,)], "cancelled long") \
+        if amendments is None else (
+            amendments.where(F.col("kind") == "cancel").select("trade_id").distinct()
+            .join(settlement_trades.select("trade_id"), "trade_id", "left_semi")
+            .agg(F.count(F.lit(1)).alias("cancelled")))
     skip = dict(skip or {})
     if amendments is None or not any(r["amendments"] for r in part_rows):
         skip.setdefault("amendments_day", "no cancel or correction on this day")
