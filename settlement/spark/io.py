@@ -251,10 +251,13 @@ def read_amendments(spark: SparkSession, settings: Settings, ledger: str, trade_
 def ledger_amendments(spark: SparkSession, settings: Settings, choice: SourceChoice,
                       ledgers: tuple[str, ...], trade_date: str) -> DataFrame | None:
     """The ledgers' cancels and corrections of the day (a union deduplicated), few: collected
-    once into a local frame. None when the chooser counted none in any of them (a ledger it
-    could not count is read)."""
+    once into a local frame. None when the chooser counted none in any of them and each was
+    complete then (its day no longer changes); a ledger it could not count, or that was still
+    filling, is read."""
     states = [choice.states.get(n) for n in ledgers]
-    if ledgers and all(st is not None and st.amendments == 0 for st in states):
+    if ledgers and all(st is not None and st.amendments == 0
+                       and st.complete(choice.partitions or settings.partitions)
+                       for st in states):
         return None
     frames = [read_amendments(spark, settings, n, trade_date) for n in ledgers]
     union = frames[0]
