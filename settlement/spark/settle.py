@@ -33,7 +33,6 @@ class SettledDay:
     trades: DataFrame  # the deduplicated day as sent, cached: unpersist when done
     # the day in final states (cancels and corrections applied): what was netted
     final: DataFrame | None = None
-    amendments: DataFrame | None = None  # the day's accepted cancels and corrections
 
 
 def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
@@ -79,7 +78,7 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
         close_markers=read.close_markers, trades_per_partition=per_partition,
         timings=timings, late_in_range=read.late, amendments=effects,
     )
-    return SettledDay(result, trades, final, read.amendments if effects else None)
+    return SettledDay(result, trades, final)
 
 
 def amendment_effects(trades: DataFrame, amendments: DataFrame | None) -> list[AmendmentEffect]:

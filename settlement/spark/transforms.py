@@ -41,10 +41,7 @@ def dedupe_trades(df: DataFrame) -> DataFrame:
     """One row per ``trade_id``: the earliest copy in the log, lowest (kafka_partition,
     kafka_offset). The remaining columns break ties, so the choice never depends on how rows
     are spread over tasks (two ledgers holding the same offset, for instance)."""
-    first = ["kafka_partition", "kafka_offset"]
-    order = first + [c for c in df.columns if c not in first and c != "trade_id"]
-    w = Window.partitionBy("trade_id").orderBy(*order)
-    return df.withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1).drop("_n")
+    return _earliest(df, ("trade_id",))
 
 
 def conform_amendments(df: DataFrame) -> DataFrame:
@@ -55,9 +52,15 @@ def conform_amendments(df: DataFrame) -> DataFrame:
 def dedupe_amendments(df: DataFrame) -> DataFrame:
     """One row per amendment identity (trade id, kind, version): the earliest copy, as
     ``dedupe_trades`` (two ledgers' union holds the amendments both stored)."""
+    return _earliest(df, ("trade_id", "kind", "version"))
+
+
+def _earliest(df: DataFrame, key: tuple[str, ...]) -> DataFrame:
+    """One row per ``key``: the lowest (kafka_partition, kafka_offset), then the other
+    columns, so that ties never depend on how rows are spread over tasks."""
     first = ["kafka_partition", "kafka_offset"]
-    order = first + [c for c in df.columns if c not in (*first, "trade_id", "kind", "version")]
-    w = Window.partitionBy("trade_id", "kind", "version").orderBy(*order)
+    order = first + [c for c in df.columns if c not in (*first, *key)]
+    w = Window.partitionBy(*key).orderBy(*order)
     return df.withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1).drop("_n")
 
 
