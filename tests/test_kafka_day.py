@@ -14,7 +14,7 @@ import pytest
 
 from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS
 from settlement.db import connect, with_dbname
-from settlement.eod.kafka_day import NotLocated, PartitionLog, locate_in_partition
+from settlement.eod.kafka_day import NotLocated, PartitionLog, _day_start, locate_in_partition
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 from tests.conftest import Isolated
 from tests.helpers import start_site, wait_exit
@@ -124,6 +124,21 @@ def test_finds_each_day_of_a_multi_day_log_by_search() -> None:
         assert (found.start, found.end) == (start, after_marker)
         assert found.found_by == "search"
         assert log.probes < 80, log.probes  # a search, not a scan
+
+
+def test_a_day_at_the_log_start_is_found_by_one_probe_of_its_start() -> None:
+    # A topic's first day (or the first retained) starts at the log start: the search for
+    # its start is one probe there, not a binary search over the whole partition.
+    records: dict[int, _Msg] = {}
+    end = _day(records, 0, "2026-11-24", 3000)
+    end = _day(records, end, "2026-11-25", 3000)
+    log = _partition(records, end)
+    assert _day_start(log, 0, "2026-11-24") == 0
+    assert log.probes == 1
+    # The next day's start is still searched for, and found exactly.
+    log = _partition(records, end)
+    assert _day_start(log, 0, "2026-11-25") == 3001
+    assert log.probes > 5
 
 
 def test_a_recorded_offset_is_confirmed_or_refused() -> None:

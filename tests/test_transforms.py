@@ -21,7 +21,7 @@ from settlement.config import REPO_ROOT, load_settings
 from settlement.eod.model import CashObligation, Netting, netting, rows_of
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
-from settlement.spark.session import artifact_name, spark_jars
+from settlement.spark.session import artifact_name, persist_sized, spark_jars
 from tests import spark_fixtures
 
 # pytest finds fixtures among module attributes; a name bound by assignment (not import) is
@@ -386,3 +386,28 @@ def test_session_has_the_connectors(spark: SparkSession) -> None:
     jvm = spark._jvm  # type: ignore[attr-defined]
     loader = jvm.Thread.currentThread().getContextClassLoader()
     assert jvm.java.lang.Class.forName("org.postgresql.Driver", True, loader)
+
+
+def _cached_bytes(spark: SparkSession) -> int:
+    return sum(int(i.memSize()) for i in spark.sparkContext._jsc.sc().getRDDStorageInfo())
+
+
+def test_a_cache_that_fits_is_kept_uncompressed_and_a_large_one_compressed(
+        spark: SparkSession) -> None:
+    flag = "spark.sql.inMemoryColumnarStorage.compressed"
+    setting = spark.conf.get(flag, None)
+    # 200,000 equal 40-character strings: 8 MB as they are, a few bytes run-length encoded.
+    df = spark.range(200_000).select(F.lit("x" * 40).alias("s"))
+
+    def size(rows: int, row_bytes: int) -> int:
+        before = _cached_bytes(spark)
+        cached = persist_sized(spark, df, rows, row_bytes)
+        assert cached.count() == 200_000
+        grown = _cached_bytes(spark) - before
+        cached.unpersist(blocking=True)
+        return grown
+
+    fits = size(200_000, 44)
+    too_big = size(200_000, 10**6)  # 200 GB: more than any test machine's storage memory
+    assert fits > 8_000_000 > 100_000 > too_big, (fits, too_big)
+    assert spark.conf.get(flag, None) == setting  # set for that persist only

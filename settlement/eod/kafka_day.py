@@ -135,7 +135,13 @@ class PartitionLog:
     def first_offset(self, low: int, pred: Any) -> int:
         """The smallest offset in [low, high] whose window's median date satisfies ``pred``
         (the high watermark when none does); ``pred`` must be monotone along the log."""
-        lo, hi = low, self.high
+        # The first probe is the log start: a topic's first day (or one whose earlier days
+        # retention deleted) begins there, and then no search is needed (at 2M trades on 6
+        # partitions the search cost the close 1.2 s).
+        w = self.window_at(low)
+        if w is None or pred(w.day):
+            return low
+        lo, hi = low + 1, self.high
         while lo < hi:
             mid = (lo + hi) // 2
             w = self.window_at(mid)

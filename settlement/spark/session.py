@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pyspark import SparkConf
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from settlement.config import Settings
 from settlement.spark.package import python_files
@@ -158,3 +158,39 @@ def build_session(
     for key, value in wanted.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+# Of the storage memory the block managers report free, the share an uncompressed cache may
+# take: the rest stays for the netting's and validation's shuffles and broadcasts, and in a
+# cluster the driver's own block manager (which holds no cached partition) is counted too.
+UNCOMPRESSED_SHARE = 0.4
+
+
+def free_storage_memory(spark: SparkSession) -> int:
+    """Bytes of on-heap storage memory the block managers report free (local mode: the
+    driver's)."""
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()  # type: ignore[union-attr]
+    return sum(int(i.totalOnHeapStorageMemory()) - int(i.usedOnHeapStorageMemory())
+               for i in infos)
+
+
+def persist_sized(spark: SparkSession, df: DataFrame, rows: int, row_bytes: int) -> DataFrame:
+    """``df.persist()``, uncompressed when ``rows`` of ``row_bytes`` fit in
+    UNCOMPRESSED_SHARE of the free storage memory, compressed otherwise.
+
+    Building the compressed cache tries each of Spark's encodings on every value: on the 2M
+    day that was 4-5 s of a 21 s Kafka read (16.5 s uncompressed, docs/benchmarks.md). An
+    uncompressed cache is about twice the size, and a cache that does not fit spills to disk,
+    which costs more than the compression saved (10M on a 2g driver), hence the bound. Spark
+    takes the setting when the cache is defined, so it is set for this persist only."""
+    compress = rows * row_bytes > UNCOMPRESSED_SHARE * free_storage_memory(spark)
+    before = spark.conf.get(_COMPRESSED, None)
+    spark.conf.set(_COMPRESSED, str(compress).lower())
+    try:
+        return df.persist()
+    finally:
+        if before is None:
+            spark.conf.unset(_COMPRESSED)
+        else:
+            spark.conf.set(_COMPRESSED, before)
