@@ -28,6 +28,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from settlement.spark.session import local_frame
+
 # Seqs per bucket: a partition of a 10M-trade day on 12 partitions is 13 buckets, so one
 # lost trade makes the drill-down read 65,536 trades of the ledger, not the day.
 BUCKET_SEQS = 1 << 16
@@ -151,7 +153,7 @@ def collect_figures(spark: SparkSession, trades: DataFrame,
     """``figures`` computed once (or ``held``: rows taken already, by the Kafka read) and
     handed back as a local frame: whatever reads it afterwards never scans the day again."""
     rows = held if held is not None else [tuple(r) for r in figures(trades).collect()]
-    return spark.createDataFrame(rows, FIGURES_SCHEMA)
+    return local_frame(spark, rows, FIGURES_SCHEMA)
 
 
 def differing(a: DaySide, b: DaySide) -> list[Bucket]:
@@ -213,4 +215,4 @@ def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int
             last == 0 or (lo == 1 and hi == last and (sh, sl) == (eh, el)))
         rows.append((p, n - amended.get(p, 0), lo, hi, sh, sl, last, eh, el, not complete,
                      amended.get(p, 0)))
-    return spark.createDataFrame(rows, PARTITION_FIGURES_SCHEMA)
+    return local_frame(spark, rows, PARTITION_FIGURES_SCHEMA)

@@ -23,7 +23,7 @@ from settlement.spark import parse as P
 from settlement.spark import transforms as T
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
-from settlement.spark.session import persist_sized
+from settlement.spark.session import local_frame, persist_sized
 
 # A cached verdict of a plain trade, uncompressed: 257 MiB for the 2M day's 2,000,006 rows
 # (measured with Spark's storage info), rounded up.
@@ -153,8 +153,8 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     # The day's cancels and corrections are few: collected once into a local frame (the
     # settlement, validation and the report each read them); None when the counting pass
     # found none (nothing scans the day for them, nothing applies them).
-    amendments = spark.createDataFrame(
-        _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
+    amendments = local_frame(
+        spark, _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
     ) if facts.amendment_figures else None
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
@@ -273,7 +273,7 @@ def ledger_amendments(spark: SparkSession, settings: Settings, choice: SourceCho
         union = union.unionByName(more)
     if len(frames) > 1:
         union = T.dedupe_amendments(union)
-    return spark.createDataFrame(union.collect(), AMENDMENT_SCHEMA)
+    return local_frame(spark, union.collect(), AMENDMENT_SCHEMA)
 
 
 def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,

@@ -24,6 +24,7 @@ from settlement.spark.figures import (
     partition_figures,
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
+from settlement.spark.session import local_frame
 from settlement.validation.run import ValidationOutcome, register_views, run_suites
 
 __all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
@@ -90,13 +91,13 @@ def validate_frames(
     only the partitions and buckets whose figures say something is wrong (``figures`` in the
     outcome says which).
     """
-    run_params = spark.createDataFrame(
-        [(dt.date.fromisoformat(trade_date), partitions)], "trade_date date, partitions int")
-    markers = spark.createDataFrame(sorted(close_markers.items()), _MARKERS)
+    run_params = local_frame(spark, [(dt.date.fromisoformat(trade_date), partitions)],
+                             "trade_date date, partitions int")
+    markers = local_frame(spark, sorted(close_markers.items()), _MARKERS)
     t0 = time.perf_counter()
     buckets = collect_figures(spark, settlement_trades, settled_figures)
-    day_amendments = amendments if amendments is not None else spark.createDataFrame(
-        [], AMENDMENT_SCHEMA)
+    day_amendments = amendments if amendments is not None else local_frame(
+        spark, [], AMENDMENT_SCHEMA)
     if amendment_figures is None and amendments is not None:
         amendment_figures = [tuple(r) for r in figures(amendments).collect()]
     parts = partition_figures(spark, buckets, close_markers, amendment_figures)
@@ -115,7 +116,7 @@ def validate_frames(
              "day_partitions": parts}
     # How many trades of the day are busted (a cancel of a trade not in the day is
     # amendments_day's to name): the day is searched only when it has amendments.
-    views["day_cancelled"] = spark.createDataFrame([(0,)], "cancelled long") \
+    views["day_cancelled"] = local_frame(spark, [(0,)], "cancelled long") \
         if amendments is None else (
             amendments.where(F.col("kind") == "cancel").select("trade_id").distinct()
             .join(settlement_trades.select("trade_id"), "trade_id", "left_semi")

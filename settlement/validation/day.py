@@ -22,6 +22,7 @@ from settlement.spark import transforms as T
 from settlement.spark.figures import BUCKET_SEQS, Bucket, DaySide, Figures, bucket_sql
 from settlement.spark.io import DayRead, ledger_amendments, read_ledger
 from settlement.spark.schemas import AMENDMENT_SCHEMA, POSITIONS_SCHEMA, TRADE_SCHEMA
+from settlement.spark.session import local_frame
 from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
 from settlement.validation.run import ValidationOutcome
 
@@ -103,7 +104,7 @@ def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, n
 
     def rows_in(buckets: list[Bucket]) -> DataFrame:
         if not buckets:
-            return spark.createDataFrame([], TRADE_SCHEMA)
+            return local_frame(spark, [], TRADE_SCHEMA)
         return read_ledger(spark, settings, choice, name, trade_date,
                            where=bucket_sql(buckets))
 
@@ -167,7 +168,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
             skip["reconcile_amendments"] = ("neither copy of the day holds a cancel or a "
                                             "correction")
         elif other_amendments is None:
-            other_amendments = spark.createDataFrame([], AMENDMENT_SCHEMA)
+            other_amendments = local_frame(spark, [], AMENDMENT_SCHEMA)
     if positions is None:
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
@@ -175,10 +176,10 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         as_read=read.as_read,
         settlement_trades=trades, close_markers=read.close_markers or choice.close_markers(),
         positions=None if positions is None
-        else spark.createDataFrame(positions, POSITIONS_SCHEMA),
+        else local_frame(spark, positions, POSITIONS_SCHEMA),
         ledger=ledger, kafka=trades if choice.source == "kafka" else None,
         ledger_a=ledger_a, ledger_b=ledger_b,
-        data_loss=spark.createDataFrame(choice.data_loss(), DATA_LOSS_SCHEMA),
+        data_loss=local_frame(spark, choice.data_loss(), DATA_LOSS_SCHEMA),
         unique_ids=read.unique_ids, skip=skip,
         # The read's figures describe its deduplicated day, which is what was settled when
         # the settlement took the read's trades as they were.
