@@ -21,7 +21,7 @@ from settlement.config import REPO_ROOT, load_settings
 from settlement.eod.model import CashObligation, Netting, netting, rows_of
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
-from settlement.spark.session import artifact_name, persist_sized, spark_jars
+from settlement.spark.session import artifact_name, local_frame, persist_sized, spark_jars
 from tests import spark_fixtures
 
 # pytest finds fixtures among module attributes; a name bound by assignment (not import) is
@@ -411,3 +411,27 @@ def test_a_cache_that_fits_is_kept_uncompressed_and_a_large_one_compressed(
     too_big = size(200_000, 10**6)  # 200 GB: more than any test machine's storage memory
     assert fits > 8_000_000 > 100_000 > too_big, (fits, too_big)
     assert spark.conf.get(flag, None) == setting  # set for that persist only
+
+
+def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
+        spark: SparkSession) -> None:
+    day = dt.date(2026, 11, 24)
+    positions = [(day, "ACC1", "XAU", 5, 0, 5, Decimal("123.4567"), Decimal("0"),
+                  Decimal("-123.4567"), 1),
+                 (day, "ACC2", "XAU", 0, 5, -5, Decimal("0"), Decimal("123.4567"),
+                  Decimal("123.4567"), 1)]
+    got = local_frame(spark, positions, S.POSITIONS_SCHEMA)
+    assert got.schema == S.POSITIONS_SCHEMA
+    assert got.collect() == spark.createDataFrame(positions, S.POSITIONS_SCHEMA).collect()
+    # A DDL schema, nulls and booleans; no rows at all.
+    assert [tuple(r) for r in local_frame(spark, [(1, None, True)],
+                                          "p int, n long, b boolean").collect()] == [
+        (1, None, True)]
+    assert local_frame(spark, [], "cancelled long").count() == 0
+    # Timestamps (an amendment's executed_at) come back as they went in.
+    at = dt.datetime(2026, 11, 24, 14, 30, 0, 123456)
+    assert local_frame(spark, [("T1", at)], "trade_id string, executed_at timestamp"
+                       ).collect()[0]["executed_at"] == at
+    # Money is never rounded on the way in: a fifth decimal does not fit decimal(18,4).
+    with pytest.raises(Exception, match="(?i)decimal|precision|scale"):
+        local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()

@@ -12,12 +12,19 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark import SparkConf
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+    _parse_datatype_string,
+)
 
 from settlement.config import Settings
 from settlement.spark.package import python_files
@@ -197,14 +204,26 @@ def persist_sized(spark: SparkSession, df: DataFrame, rows: int, row_bytes: int)
             spark.conf.set(_COMPRESSED, before)
 
 
-def local_frame(spark: SparkSession, rows: Iterable[object], schema: StructType | str
-                ) -> DataFrame:
-    """A frame of rows the driver holds, materialised once in the block manager.
+def local_frame(spark: SparkSession, rows: Iterable[Sequence[object]],
+                schema: StructType | str) -> DataFrame:
+    """A frame of rows the driver holds, handed to Spark once as its own data.
 
     ``createDataFrame`` of a list is an RDD of pickled rows that every query unpickles again
     in a Python worker: 0.2-0.4 s a query on a 2-core host, and validation queries its small
-    frames (positions, figures, markers) a dozen times. A local checkpoint keeps the rows as
-    Spark's own and cuts that lineage; its blocks go when the frame does. (On a cluster an
-    executor lost meanwhile takes its blocks along and fails the run, which is rerun: these
-    frames live for one validation.)"""
-    return spark.createDataFrame(list(rows), schema).localCheckpoint(eager=True)
+    frames (positions, figures, markers) a dozen times. Built as an Arrow table instead, the
+    rows are converted once, exactly (Decimals into decimal columns, refused if they do not
+    fit), and queries read them in the JVM: 12,000 positions in 0.1 s against 0.4 s.
+
+    A schema with timestamps takes ``createDataFrame`` and a local checkpoint (its rows,
+    materialised once; its blocks go when the frame does): ``collect()`` hands timestamps
+    back as naive local times, which that path reads back the same way and Arrow would read
+    as UTC."""
+    struct = schema if isinstance(schema, StructType) else _parse_datatype_string(schema)
+    held = list(rows)
+    if any(isinstance(f.dataType, (TimestampType, TimestampNTZType)) for f in struct.fields):
+        return spark.createDataFrame(held, struct).localCheckpoint(eager=True)
+    arrow = to_arrow_schema(struct)
+    columns = list(zip(*held, strict=True)) if held else [()] * len(arrow)
+    table = pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, arrow, strict=True)], schema=arrow)
+    return spark.createDataFrame(table, struct)
