@@ -139,6 +139,12 @@ def test_a_day_at_the_log_start_is_found_by_one_probe_of_its_start() -> None:
     log = _partition(records, end)
     assert _day_start(log, 0, "2026-11-25") == 3001
     assert log.probes > 5
+    # A log that starts with more junk than a probe's window (no dated message there): the
+    # day after the first is still found by the search, not taken to start at the log start.
+    junk = {o: _Msg(o, b"{not json", TRADE_HEADERS) for o in range(400)}
+    end = _day(junk, 400, "2026-11-24", 3000)
+    end = _day(junk, end, "2026-11-25", 3000)
+    assert _day_start(_partition(junk, end), 0, "2026-11-25") == 3401
 
 
 def test_a_recorded_offset_is_confirmed_or_refused() -> None:
