@@ -1,0 +1,120 @@
+"""The consumer site's database side alone, against COPY straight into `trades`.
+
+    .venv/bin/python benchmarks/ingest_db.py [--trades 300000] [--batch 20000]
+
+Builds the gateway's trades as the site's COPY lines (no Kafka, no parse in the timing), then
+writes them in batches, each into a fresh ledger as `site_a`, per path:
+  site      - COPY into the TEMP stage, the late check, `insert ... on conflict do nothing`
+              into `trades`, commit (what `Ledger.write` does per batch, offsets aside)
+  plain     - the same with a plain `insert ... select` (fails on any replay: a measure of
+              what `on conflict` costs, not a path the site could take)
+  not_exists - the same with `where not exists` instead of `on conflict`
+  copy      - COPY straight into `trades` (the ceiling the ingest target is a ratio of)
+Starts the embedded services if they are not running (and stops them again afterwards).
+Prints one JSON object: microseconds per row of each step, and rows per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from consumers.ledger import _COPY_STAGE
+from consumers.parse import trade_copy_line
+from settlement import services
+from settlement.config import Settings, load_settings
+from settlement.db import connect, ensure_database, migrate_database, q
+from settlement.simulator.gateway import DayGenerator, SimulationSpec
+
+DATE = "2026-11-24"
+COLUMNS = ("trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price, quantity, "
+           "buyer, seller, executed_at, site")
+INSERTS = {
+    "plain": f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage",
+    "not_exists": (f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage s "
+                   "where not exists (select 1 from trades t where t.trade_id = s.trade_id)"),
+}
+
+
+def fresh_ledger(settings: Settings) -> str:
+    name = f"bench_db_{uuid.uuid4().hex[:6]}"
+    admin = settings.embedded_dsn(name, "admin")
+    ensure_database(admin)
+    migrate_database(admin)
+    return settings.embedded_dsn(name, "site_a")
+
+
+def run_path(dsn: str, path: str, batches: list[str], rows: int) -> dict[str, Any]:
+    steps: dict[str, float] = {}
+
+    def timed(step: str, t0: float) -> None:
+        steps[step] = steps.get(step, 0.0) + time.perf_counter() - t0
+
+    with connect(dsn) as conn:
+        conn.execute(q("ingest", "create_stage"))
+        conn.commit()
+        started = time.perf_counter()
+        for batch in batches:
+            with conn.cursor() as cur:
+                t0 = time.perf_counter()
+                if path == "copy":
+                    with cur.copy(f"copy trades ({COLUMNS}) from stdin") as copy:
+                        copy.write(batch)
+                    timed("copy_trades", t0)
+                else:
+                    with cur.copy(_COPY_STAGE) as copy:
+                        copy.write(batch)
+                    timed("copy_stage", t0)
+                    t0 = time.perf_counter()
+                    cur.execute(q("ingest", "late_staged")).fetchall()
+                    timed("late_check", t0)
+                    t0 = time.perf_counter()
+                    cur.execute(INSERTS.get(path) or q("ingest", "insert_staged"))
+                    timed("insert", t0)
+            t0 = time.perf_counter()
+            conn.commit()
+            timed("commit", t0)
+        seconds = time.perf_counter() - started
+        stored = conn.execute("select count(*) from trades").fetchone()[0]
+    if stored != rows:
+        raise RuntimeError(f"{path}: {stored} rows stored of {rows}")
+    return {"us_per_row": {k: round(v / rows * 1e6, 2) for k, v in steps.items()},
+            "seconds": round(seconds, 3), "rows_per_second": round(rows / seconds)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trades", type=int, default=300_000)
+    ap.add_argument("--batch", type=int, default=20_000)
+    args = ap.parse_args()
+    base = load_settings()
+    started = services.up(base)
+    try:
+        gen = DayGenerator(SimulationSpec(DATE, args.trades, seed=1), base.partitions)
+        lines = [trade_copy_line(json.loads(t.value()), t.partition, i, "a")
+                 for i, t in enumerate(gen.trades())]
+        batches = ["".join(lines[i:i + args.batch]) for i in range(0, len(lines), args.batch)]
+        results = {p: run_path(fresh_ledger(base), p, batches, len(lines))
+                   for p in ("site", "plain", "not_exists", "copy")}
+    finally:
+        if started.get("kafka") == "started" or started.get("postgres") == "started":
+            services.down(base)
+    ceiling = results["copy"]["rows_per_second"]
+    print(json.dumps({
+        "benchmark": "ingest_db", "trades": args.trades, "batch": args.batch,
+        "machine": {"cores": os.cpu_count()}, "paths": results,
+        "vs_copy_ceiling": {p: round(r["rows_per_second"] / ceiling, 3)
+                            for p, r in results.items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
