@@ -45,11 +45,14 @@ INSERTS = {
 
 
 def fresh_ledger(settings: Settings) -> str:
+    """A new database of the embedded server, logged into as site_a (its append-only
+    grants); with SETTLE_PG_DSN set, that server's settlement database, as in ingest.py."""
     name = f"bench_db_{uuid.uuid4().hex[:6]}"
-    admin = settings.embedded_dsn(name, "admin")
+    embedded = settings.pg_dsn is None
+    admin = settings.embedded_dsn(name, "admin") if embedded else settings.settlement_dsn
     ensure_database(admin)
     migrate_database(admin)
-    return settings.embedded_dsn(name, "site_a")
+    return settings.embedded_dsn(name, "site_a") if embedded else admin
 
 
 def run_path(dsn: str, path: str, batches: list[str], rows: int) -> dict[str, Any]:
