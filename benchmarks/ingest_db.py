@@ -46,13 +46,12 @@ INSERTS = {
 
 def fresh_ledger(settings: Settings) -> str:
     """A new database of the embedded server, logged into as site_a (its append-only
-    grants); with SETTLE_PG_DSN set, that server's settlement database, as in ingest.py."""
+    grants)."""
     name = f"bench_db_{uuid.uuid4().hex[:6]}"
-    embedded = settings.pg_dsn is None
-    admin = settings.embedded_dsn(name, "admin") if embedded else settings.settlement_dsn
+    admin = settings.embedded_dsn(name, "admin")
     ensure_database(admin)
     migrate_database(admin)
-    return settings.embedded_dsn(name, "site_a") if embedded else admin
+    return settings.embedded_dsn(name, "site_a")
 
 
 def run_path(dsn: str, path: str, batches: list[str], rows: int) -> dict[str, Any]:
@@ -99,6 +98,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=20_000)
     args = ap.parse_args()
     base = load_settings()
+    if base.pg_dsn is not None:
+        # Each path needs an empty ledger of its own, which only the embedded server makes.
+        sys.exit("ingest_db.py measures fresh ledgers of the embedded PostgreSQL: unset "
+                 "SETTLE_PG_DSN to run it")
     started = services.up(base)
     try:
         gen = DayGenerator(SimulationSpec(DATE, args.trades, seed=1), base.partitions)
