@@ -31,12 +31,12 @@ from consumers.ledger import _COPY_STAGE
 from consumers.parse import trade_copy_line
 from settlement import services
 from settlement.config import Settings, load_settings
+from settlement.contract import STAGE_COLUMNS
 from settlement.db import connect, ensure_database, migrate_database, q
 from settlement.simulator.gateway import DayGenerator, SimulationSpec
 
 DATE = "2026-11-24"
-COLUMNS = ("trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price, quantity, "
-           "buyer, seller, executed_at, site")
+COLUMNS = ", ".join(STAGE_COLUMNS)  # what the site's COPY lines hold, in their order
 INSERTS = {
     "plain": f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage",
     "not_exists": (f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage s "

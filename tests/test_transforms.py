@@ -11,6 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
@@ -433,5 +434,5 @@ def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
     assert local_frame(spark, [("T1", at)], "trade_id string, executed_at timestamp"
                        ).collect()[0]["executed_at"] == at
     # Money is never rounded on the way in: a fifth decimal does not fit decimal(18,4).
-    with pytest.raises(Exception, match="(?i)decimal|precision|scale"):
+    with pytest.raises(pa.ArrowInvalid, match="(?i)decimal|precision|scale"):
         local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()
