@@ -71,6 +71,47 @@ def test_a_failed_one_shot_is_reported_with_the_end_of_its_log() -> None:
     assert "airflow-users | IntegrityError: duplicate key" in str(failed.value)
 
 
+def test_leftovers_this_env_cannot_open_are_named_and_nothing_else_is() -> None:
+    # CI once met volumes a killed run had left: every broker refused its storage ("Invalid
+    # cluster.id") and airflow-init could not log in with the new .env's passwords.
+    from settlement.stack.compose import stale_reason
+
+    mine, other = "JjEtMVyNaWuPsoPlYDKBxw", "Zm9yZWlnbi1jbHVzdGVyMQ"
+    assert stale_reason(True, False, mine, {}) is None  # a first start: nothing to remove
+    assert "just created" in (stale_reason(True, True, mine, {"v": None}) or "")
+    # Its own volumes (formatted or not yet) are kept: a second `stack up` changes nothing.
+    assert stale_reason(False, True, mine, {"kafka-1-data": mine, "kafka-2-data": None}) is None
+    reason = stale_reason(False, True, mine, {"kafka-1-data": mine, "kafka-3-data": other})
+    assert reason is not None and "kafka-3-data" in reason and "kafka-1-data" not in reason
+
+
+def test_why_a_service_failed_is_its_last_distinct_error_lines() -> None:
+    from settlement.stack.compose import error_lines
+
+    loop = ['kafka-1 | Exception in thread "main": Invalid cluster.id', "kafka-1 | a = 1"] * 3
+    assert error_lines("\n".join([*loop, "kafka-1 | b = 2"])) == [loop[0]]
+    log = "\n".join(f"x | ERROR step {i}" for i in range(10))
+    assert error_lines(log, limit=2) == ["x | ERROR step 8", "x | ERROR step 9"]
+    assert error_lines("all\nfine\n") == []
+
+
+def _plant_a_foreign_kafka_volume() -> str:
+    """Storage of another Kafka cluster where the stack's first broker keeps its data, as a
+    killed run of another clone leaves it (all clones' stacks share the project name)."""
+    from settlement.stack.compose import PROJECT, state_dir
+    from settlement.stack.engine import ensure_engine, run
+
+    ensure_engine(state_dir(ROOT), lambda line: sys.stderr.write(f"{line}\n"))
+    name = f"{PROJECT}_kafka-1-data"
+    run(["docker", "volume", "create", "--label", f"com.docker.compose.project={PROJECT}",
+         "--label", "com.docker.compose.volume=kafka-1-data", name])
+    mount = run(["docker", "volume", "inspect", "-f", "{{.Mountpoint}}", name]).stdout.strip()
+    (Path(mount) / "meta.properties").write_text(
+        "node.id=1\ndirectory.id=J8oC0e7vQ2e0Y3M7rYbJ4w\nversion=1\n"
+        "cluster.id=Zm9yZWlnbi1jbHVzdGVyMQ\n")
+    return name
+
+
 def _report_opens_with_a_login_only(url: str, trade_date: str) -> None:
     import urllib.error
     import urllib.request
@@ -103,7 +144,9 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         pytest.fail("the stack scenario starts Docker's engine and needs root (CI runs as "
                     "root); run `make test` as root")
     try:
+        _plant_a_foreign_kafka_volume()
         up = _make("stack-up", timeout=2400)
+        assert up["stale_removed"] is True  # else its broker would refuse the storage
         for key in ("kafka_bootstrap", "kafka_config", "topic", "postgres_dsn", "airflow_url",
                     "airflow_user", "airflow_password"):
             assert up[key], key
@@ -120,8 +163,9 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
             psycopg.connect(plain).close()
         # Idempotent: a second stack-up changes nothing and answers the same.
         again = _make("stack-up", timeout=1200)
-        assert {k: again[k] for k in up if k != "seconds"} == \
-            {k: up[k] for k in up if k != "seconds"}
+        assert again["stale_removed"] is False  # its own volumes are kept
+        same = set(up) - {"seconds", "stale_removed"}
+        assert {k: again[k] for k in same} == {k: up[k] for k in same}
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"

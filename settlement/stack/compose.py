@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +104,39 @@ def _not_ready(containers: dict[str, dict[str, Any]],
     return waiting
 
 
+ERROR_LINE = re.compile(r"error|exception|fatal|panic|refused|denied", re.IGNORECASE)
+
+
+def error_lines(text: str, limit: int = 4) -> list[str]:
+    """The last distinct lines of a log that say what went wrong (a broker restarting in a
+    loop prints the same exception each time, then its whole configuration)."""
+    found: list[str] = []
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if ERROR_LINE.search(line) and line not in found:
+            found.append(line[:400])
+            if len(found) == limit:
+                break
+    return found[::-1]
+
+
+def _why_services_failed(stack: Stack) -> str:
+    """What the failed or unhealthy services' logs say: `compose up` names only the service."""
+    try:
+        containers = stack.containers()
+    except ServiceError as exc:
+        return f"\n(the services' states could not be read: {exc})"
+    failed = sorted(svc for svc, c in containers.items()
+                    if c.get("Health") == "unhealthy" or c["State"] == "restarting"
+                    or (c["State"] == "exited" and c.get("ExitCode", 0) != 0))
+    parts = []
+    for svc in failed:
+        lines = error_lines(stack.logs_tail(svc, lines=400)) or ["(no error line in its log)"]
+        state = ", ".join(filter(None, (containers[svc]["State"], containers[svc].get("Health"))))
+        parts.append(f"\n{svc} ({state}), its log says:\n  " + "\n  ".join(lines))
+    return "".join(parts)
+
+
 def wait_ready(stack: Stack, log: Log, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     last = ""
@@ -119,17 +153,84 @@ def wait_ready(stack: Stack, log: Log, timeout: float = 900) -> None:
         time.sleep(3)
 
 
+def stale_reason(env_is_new: bool, leftovers: bool, cluster_id: str,
+                 volume_cluster_ids: dict[str, str | None]) -> str | None:
+    """Why the project's existing containers and volumes cannot belong to this .env, or None.
+
+    Volumes outlive a stack whose removal never ran (a killed test, another clone of the
+    project: every clone's stack is named dual-site-settlement). Their PostgreSQL roles and
+    Kafka metadata were made with other secrets, so a new .env cannot open them: CI saw every
+    broker fail and airflow-init exit 1 on such leftovers."""
+    if env_is_new and leftovers:
+        return "this .env was just created, so they were made with secrets no longer known"
+    foreign = sorted(v for v, found in volume_cluster_ids.items()
+                     if found is not None and found != cluster_id)
+    if foreign:
+        return (f"{', '.join(foreign)} hold(s) another Kafka cluster (cluster.id is not this "
+                f".env's KAFKA_CLUSTER_ID)")
+    return None
+
+
+def _leftovers() -> tuple[list[str], list[str]]:
+    """The project's existing containers and volumes (any clone's: they share its name)."""
+    label = f"label=com.docker.compose.project={PROJECT}"
+    containers = run(["docker", "ps", "-aq", "--filter", label], timeout=60).stdout.split()
+    volumes = run(["docker", "volume", "ls", "-q", "--filter", label], timeout=60).stdout.split()
+    return containers, volumes
+
+
+def _volume_cluster_id(volume: str) -> str | None:
+    """cluster.id of the Kafka storage a volume holds (its meta.properties), None if none."""
+    out = run(["docker", "volume", "inspect", "-f", "{{.Mountpoint}}", volume], check=False,
+              timeout=60)
+    if out.returncode != 0:
+        return None
+    try:
+        text = (Path(out.stdout.strip()) / "meta.properties").read_text()
+    except OSError:  # not Kafka's, or not formatted yet
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id":
+            return value.strip()
+    return None
+
+
+def _remove(stack: Stack) -> None:
+    stack.compose("--profile", "simulator", "down", "--volumes", "--remove-orphans",
+                  "--timeout", "20", timeout=300)
+
+
+def remove_stale(stack: Stack, env_is_new: bool, cluster_id: str, log: Log) -> bool:
+    """Remove an earlier stack's containers and volumes that this .env cannot open."""
+    containers, volumes = _leftovers()
+    reason = stale_reason(env_is_new, bool(containers or volumes), cluster_id,
+                          {v: _volume_cluster_id(v) for v in volumes if "kafka" in v})
+    if reason is None:
+        return False
+    log(f"removing an earlier stack's {len(containers)} container(s) and {len(volumes)} "
+        f"volume(s): {reason}...")
+    _remove(stack)
+    return True
+
+
 def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     """Engine, images, .env and certificates, then the stack; returns how to reach it."""
     t0 = time.monotonic()
     stack = open_stack(root, log)
     build_images(root, root / ".cache" / "jars" / "kafka", log)
     envfile.make_certs(root, stack.certs)
-    envfile.write_env(stack.env_path, stack.certs, cron)
+    env_is_new = not envfile.read_env(stack.env_path).get("KAFKA_CLUSTER_ID")
+    values = envfile.write_env(stack.env_path, stack.certs, cron)
+    removed = remove_stale(stack, env_is_new, values["KAFKA_CLUSTER_ID"], log)
     log("starting the stack (docker compose up -d)...")
-    stack.compose("up", "-d", "--remove-orphans", timeout=1200)
+    try:
+        stack.compose("up", "-d", "--remove-orphans", timeout=1200)
+    except ServiceError as exc:
+        raise ServiceError(f"{exc}{_why_services_failed(stack)}") from None
     wait_ready(stack, log)
-    return {**client_info(stack), "seconds": round(time.monotonic() - t0, 1)}
+    return {**client_info(stack), "stale_removed": removed,
+            "seconds": round(time.monotonic() - t0, 1)}
 
 
 def down(root: Path, log: Log) -> dict[str, Any]:
@@ -140,8 +241,7 @@ def down(root: Path, log: Log) -> dict[str, Any]:
     if not stack.env_path.exists():
         return {"removed": False, "reason": "no stack .env: nothing was started",
                 "engine_stopped": stop_engine_if_ours(stack.state, log)}
-    stack.compose("--profile", "simulator", "down", "--volumes", "--remove-orphans",
-                  "--timeout", "20", timeout=300)
+    _remove(stack)
     return {"removed": True, "engine_stopped": stop_engine_if_ours(stack.state, log)}
 
 
