@@ -429,10 +429,16 @@ def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
                                           "p int, n long, b boolean").collect()] == [
         (1, None, True)]
     assert local_frame(spark, [], "cancelled long").count() == 0
-    # Timestamps (an amendment's executed_at) come back as they went in.
+    # Timestamps (an amendment's executed_at) come back as they went in, naive ones as local
+    # time and aware ones as the same instant, exactly as createDataFrame reads them.
     at = dt.datetime(2026, 11, 24, 14, 30, 0, 123456)
     assert local_frame(spark, [("T1", at)], "trade_id string, executed_at timestamp"
                        ).collect()[0]["executed_at"] == at
+    stamps = [(at, at), (at.replace(tzinfo=dt.UTC), at),
+              (at.replace(tzinfo=dt.timezone(dt.timedelta(hours=-5))), at), (None, None)]
+    ddl = "executed_at timestamp, wall timestamp_ntz"
+    assert local_frame(spark, stamps, ddl).collect() == \
+        spark.createDataFrame(stamps, ddl).collect()
     # Money is never rounded on the way in: a fifth decimal does not fit decimal(18,4).
     with pytest.raises(pa.ArrowInvalid, match="(?i)decimal|precision|scale"):
         local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()

@@ -9,6 +9,7 @@ artifact pyspark already has is left out and pyspark's copy wins.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import sys
@@ -21,7 +22,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     StructType,
-    TimestampNTZType,
     TimestampType,
     _parse_datatype_string,
 )
@@ -204,6 +204,12 @@ def persist_sized(spark: SparkSession, df: DataFrame, rows: int, row_bytes: int)
             spark.conf.set(_COMPRESSED, before)
 
 
+def _utc(value: object) -> object:
+    """A timestamp as ``createDataFrame`` reads one: a naive datetime is the machine's local
+    time (as ``collect()`` hands it back), an aware one is exact."""
+    return value.astimezone(dt.UTC) if isinstance(value, dt.datetime) else value
+
+
 def local_frame(spark: SparkSession, rows: Iterable[Sequence[object]],
                 schema: StructType | str) -> DataFrame:
     """A frame of rows the driver holds, handed to Spark once as its own data.
@@ -214,16 +220,16 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[object]],
     rows are converted once, exactly (Decimals into decimal columns, refused if they do not
     fit), and queries read them in the JVM: 12,000 positions in 0.1 s against 0.4 s.
 
-    A schema with timestamps takes ``createDataFrame`` and a local checkpoint (its rows,
-    materialised once; its blocks go when the frame does): ``collect()`` hands timestamps
-    back as naive local times, which that path reads back the same way and Arrow would read
-    as UTC."""
+    Timestamps go in as UTC instants, read the way ``createDataFrame`` reads them (a naive
+    datetime is local time). They once took ``createDataFrame`` and a local checkpoint
+    instead: a Spark job each, about 0.5 s apiece in a close's fresh JVM."""
     struct = schema if isinstance(schema, StructType) else _parse_datatype_string(schema)
+    arrow = to_arrow_schema(struct, timezone="UTC")
     held = list(rows)
-    if any(isinstance(f.dataType, (TimestampType, TimestampNTZType)) for f in struct.fields):
-        return spark.createDataFrame(held, struct).localCheckpoint(eager=True)
-    arrow = to_arrow_schema(struct)
     columns = list(zip(*held, strict=True)) if held else [()] * len(arrow)
-    table = pa.Table.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, arrow, strict=True)], schema=arrow)
-    return spark.createDataFrame(table, struct)
+    arrays = []
+    for values, spark_field, field in zip(columns, struct.fields, arrow, strict=True):
+        if isinstance(spark_field.dataType, TimestampType):
+            values = tuple(_utc(v) for v in values)
+        arrays.append(pa.array(values, type=field.type))
+    return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=arrow), struct)
