@@ -4,10 +4,11 @@
 
 Builds the gateway's trades as the site's COPY lines (no Kafka, no parse in the timing), then
 writes them in batches, each into a fresh ledger as `site_a`, per path:
-  site      - COPY into the TEMP stage, the late check, `insert ... on conflict do nothing`
-              into `trades`, commit (what `Ledger.write` does per batch, offsets aside)
-  plain     - the same with a plain `insert ... select` (fails on any replay: a measure of
-              what `on conflict` costs, not a path the site could take)
+  on_conflict - COPY into the TEMP stage, the late check, `insert ... on conflict do nothing`
+              into `trades`, commit (what `Ledger.write` does per batch, offsets aside, on
+              a batch after one with replays)
+  clean     - the same with a plain `insert ... select` in a savepoint (what it does after
+              a batch without replays; a replay would roll it back to `on conflict`)
   not_exists - the same with `where not exists` instead of `on conflict`
   copy      - COPY straight into `trades` (the ceiling the ingest target is a ratio of)
 Starts the embedded services if they are not running (and stops them again afterwards).
@@ -38,7 +39,8 @@ from settlement.simulator.gateway import DayGenerator, SimulationSpec
 DATE = "2026-11-24"
 COLUMNS = ", ".join(STAGE_COLUMNS)  # what the site's COPY lines hold, in their order
 INSERTS = {
-    "plain": f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage",
+    "on_conflict": q("ingest", "insert_staged"),
+    "clean": q("ingest", "insert_staged_new"),
     "not_exists": (f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage s "
                    "where not exists (select 1 from trades t where t.trade_id = s.trade_id)"),
 }
@@ -79,7 +81,11 @@ def run_path(dsn: str, path: str, batches: list[str], rows: int) -> dict[str, An
                     cur.execute(q("ingest", "late_staged")).fetchall()
                     timed("late_check", t0)
                     t0 = time.perf_counter()
-                    cur.execute(INSERTS.get(path) or q("ingest", "insert_staged"))
+                    if path == "clean":
+                        with conn.transaction():  # the savepoint Ledger._insert_staged takes
+                            cur.execute(INSERTS[path])
+                    else:
+                        cur.execute(INSERTS[path])
                     timed("insert", t0)
             t0 = time.perf_counter()
             conn.commit()
@@ -109,7 +115,7 @@ def main() -> None:
                  for i, t in enumerate(gen.trades())]
         batches = ["".join(lines[i:i + args.batch]) for i in range(0, len(lines), args.batch)]
         results = {p: run_path(fresh_ledger(base), p, batches, len(lines))
-                   for p in ("site", "plain", "not_exists", "copy")}
+                   for p in ("on_conflict", "clean", "not_exists", "copy")}
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

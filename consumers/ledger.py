@@ -175,6 +175,9 @@ class Ledger:
                          "statement_timeout": statement_timeout_ms,
                          "idle_in_transaction_session_timeout": idle_timeout_ms}
         self.conn: psycopg.Connection | None = None
+        # Whether the next batch tries a plain insert first (see _insert_staged): only after a
+        # batch without replays, so a replay window pays for at most one failed attempt.
+        self.optimistic = False
 
     def _params(self, **kw: Any) -> dict[str, Any]:
         return {"group": self.group, "topic": self.topic, "site": self.site, **kw}
@@ -337,8 +340,7 @@ class Ledger:
                 refused += len(bad_t)
                 n_staged -= len(bad_t)
             elif n_staged:
-                cur.execute(q("ingest", "insert_staged"))
-                inserted = cur.rowcount
+                inserted = self._insert_staged(cur, n_staged)
             else:
                 inserted = 0
             # 5b. A copy that was not inserted is a replay; one whose content differs from the
@@ -379,6 +381,27 @@ class Ledger:
                 dead_letters=len(dead), close_markers=n_markers, partitions=parts,
                 duration_ms=round((time.perf_counter() - t0) * 1000, 3)))
         return BatchResult(inserted, duplicates, len(dead), n_markers, len(late), refused)
+
+    def _insert_staged(self, cur: psycopg.Cursor[Any], n_staged: int) -> int:
+        """The staged trades into the ledger; returns how many were new.
+
+        ``on conflict do nothing`` inserts each row speculatively (4.1-4.8 us a row against
+        2.6-2.9 for a plain insert, benchmarks/ingest_db.py), a price every batch pays for the
+        few that hold replays. So after a batch without replays the plain insert goes first,
+        in a savepoint: a replay in it (the trade's primary key) rolls it back and the batch
+        takes ``on conflict`` as before, with the same winner (the first staged copy)."""
+        if self.optimistic:
+            try:
+                with cur.connection.transaction():  # a savepoint: the batch's work so far stays
+                    cur.execute(q("ingest", "insert_staged_new"))
+                    return cur.rowcount
+            except psycopg.errors.UniqueViolation as e:
+                if e.diag.constraint_name != "trades_pkey":
+                    raise
+            self.optimistic = False
+        cur.execute(q("ingest", "insert_staged"))
+        self.optimistic = cur.rowcount == n_staged
+        return cur.rowcount
 
     def _copy(self, cur: psycopg.Cursor[Any], lines: Sequence[str]) -> int:
         with cur.copy(_COPY_STAGE) as copy:

@@ -147,6 +147,31 @@ def test_a_clean_batch_and_a_replay_take_the_fast_path(isolated: Isolated) -> No
     assert _rows(isolated, "select kafka_offset from trades where trade_id = 'T000001'") == [(0,)]
 
 
+def test_a_plain_insert_goes_first_after_a_clean_batch_and_a_replay_falls_back(
+        isolated: Isolated) -> None:
+    ledger = _ledger(isolated)
+    counts = lambda res: (res.inserted, res.duplicates, res.dead_letters)  # noqa: E731
+    assert counts(_write(ledger, Builder().good(1, 0, 0).good(2, 0, 1))) == (2, 0, 0)
+    assert ledger.optimistic  # no replay in it: the next batch tries the plain insert
+    # A replay of a stored trade fails the plain insert; the batch is inserted as before.
+    assert counts(_write(ledger, Builder().good(3, 0, 2).good(1, 0, 3))) == (1, 1, 0)
+    assert not ledger.optimistic
+    assert counts(_write(ledger, Builder().good(4, 0, 4))) == (1, 0, 0)
+    assert ledger.optimistic
+    # Two copies in one batch, one of them conflicting: the first staged copy wins, the
+    # other is a dead letter naming it.
+    b = Builder().good(5, 0, 5).good(6, 0, 6).good(5, 0, 7, quantity=11)
+    assert counts(_write(ledger, b)) == (2, 0, 1)
+    assert counts(_write(ledger, Builder().good(7, 0, 8))) == (1, 0, 0)
+    assert counts(_write(ledger, Builder().good(8, 0, 9))) == (1, 0, 0)  # plain insert
+    assert _rows(isolated, "select trade_id, kafka_offset from trades order by 1") == [
+        (f"T{n:06d}", off) for n, off in ((1, 0), (2, 1), (3, 2), (4, 4), (5, 5), (6, 6),
+                                          (7, 8), (8, 9))]
+    assert "T000005" in _rows(isolated, "select reason from dead_letters")[0][0]
+    assert _rows(isolated, "select sum(inserted), sum(duplicates), sum(dead_letters) "
+                           "from ingest_batches") == [(8, 1, 1)]
+
+
 def test_late_trades_are_dead_lettered_exactly_across_batches(isolated: Isolated) -> None:
     ledger = _ledger(isolated)
     # Batch 1: partition 0 closes the day at offset 3; a trade after it in the same batch.

@@ -49,6 +49,15 @@ select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
 from trades_stage
 on conflict (trade_id) do nothing
 
+-- name: insert_staged_new
+-- insert_staged when no staged trade is stored yet nor staged twice (consumers.ledger tries it
+-- first after a batch without replays): any replay fails it on trades_pkey.
+insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
+                    quantity, buyer, seller, executed_at, site)
+select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
+       quantity, buyer, seller, executed_at, site
+from trades_stage
+
 -- name: late_staged
 -- Staged trades whose day had already closed on their partition: the close marker of
 -- (trade_date, partition) sits at a lower offset. Exact across restarts and takeovers, since
