@@ -196,6 +196,7 @@ class Ledger:
         conn.execute(q("ingest", "create_stage"))
         conn.commit()
         self.conn = conn
+        self.optimistic = False  # a new session often starts by replaying what was in flight
 
     def close(self) -> None:
         if self.conn is not None:

@@ -59,7 +59,7 @@ class Stack:
     def env(self) -> dict[str, str]:
         return envfile.read_env(self.env_path)
 
-    def logs_tail(self, service: str, lines: int = 40) -> str:
+    def logs_tail(self, service: str, lines: int = 40, chars: int = 4000) -> str:
         """The last ``lines`` of a service's log, for an error message: a stack that stops
         itself after a failure (the tests do) leaves nothing to read afterwards."""
         try:
@@ -67,7 +67,7 @@ class Stack:
                                check=False, timeout=60)
         except ServiceError as exc:  # the failure being reported matters more than its log
             return f"(its log could not be read: {exc})"
-        return (out.stdout + out.stderr).strip()[-4000:]
+        return (out.stdout + out.stderr).strip()[-chars:]
 
     def containers(self) -> dict[str, dict[str, Any]]:
         """service -> its container's state (docker compose ps -a)."""
@@ -131,7 +131,10 @@ def _why_services_failed(stack: Stack) -> str:
                     or (c["State"] == "exited" and c.get("ExitCode", 0) != 0))
     parts = []
     for svc in failed:
-        lines = error_lines(stack.logs_tail(svc, lines=400)) or ["(no error line in its log)"]
+        # All of the last 400 lines: a broker in a restart loop ends each try with its
+        # configuration, which would fill a short tail.
+        lines = (error_lines(stack.logs_tail(svc, lines=400, chars=200_000))
+                 or ["(no error line in its log)"])
         state = ", ".join(filter(None, (containers[svc]["State"], containers[svc].get("Health"))))
         parts.append(f"\n{svc} ({state}), its log says:\n  " + "\n  ".join(lines))
     return "".join(parts)
