@@ -22,18 +22,18 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.ingest import fresh  # a new ledger, logged into as site_a
 from consumers.ledger import _COPY_STAGE
 from consumers.parse import trade_copy_line
 from settlement import services
-from settlement.config import Settings, load_settings
+from settlement.config import load_settings
 from settlement.contract import STAGE_COLUMNS
-from settlement.db import connect, ensure_database, migrate_database, q
+from settlement.db import connect, q
 from settlement.simulator.gateway import DayGenerator, SimulationSpec
 
 DATE = "2026-11-24"
@@ -44,16 +44,6 @@ INSERTS = {
     "not_exists": (f"insert into trades ({COLUMNS}) select {COLUMNS} from trades_stage s "
                    "where not exists (select 1 from trades t where t.trade_id = s.trade_id)"),
 }
-
-
-def fresh_ledger(settings: Settings) -> str:
-    """A new database of the embedded server, logged into as site_a (its append-only
-    grants)."""
-    name = f"bench_db_{uuid.uuid4().hex[:6]}"
-    admin = settings.embedded_dsn(name, "admin")
-    ensure_database(admin)
-    migrate_database(admin)
-    return settings.embedded_dsn(name, "site_a")
 
 
 def run_path(dsn: str, path: str, batches: list[str], rows: int) -> dict[str, Any]:
@@ -114,7 +104,7 @@ def main() -> None:
         lines = [trade_copy_line(json.loads(t.value()), t.partition, i, "a")
                  for i, t in enumerate(gen.trades())]
         batches = ["".join(lines[i:i + args.batch]) for i in range(0, len(lines), args.batch)]
-        results = {p: run_path(fresh_ledger(base), p, batches, len(lines))
+        results = {p: run_path(fresh(base, "db").ledger_dsn("a"), p, batches, len(lines))
                    for p in ("on_conflict", "clean", "not_exists", "copy")}
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":

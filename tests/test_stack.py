@@ -95,7 +95,7 @@ def test_why_a_service_failed_is_its_last_distinct_error_lines() -> None:
     assert error_lines("all\nfine\n") == []
 
 
-def _plant_a_foreign_kafka_volume() -> str:
+def _plant_a_foreign_kafka_volume() -> None:
     """Storage of another Kafka cluster where the stack's first broker keeps its data, as a
     killed run of another clone leaves it (all clones' stacks share the project name)."""
     from settlement.stack.compose import PROJECT, state_dir
@@ -109,7 +109,6 @@ def _plant_a_foreign_kafka_volume() -> str:
     (Path(mount) / "meta.properties").write_text(
         "node.id=1\ndirectory.id=J8oC0e7vQ2e0Y3M7rYbJ4w\nversion=1\n"
         "cluster.id=Zm9yZWlnbi1jbHVzdGVyMQ\n")
-    return name
 
 
 def _report_opens_with_a_login_only(url: str, trade_date: str) -> None:
