@@ -267,3 +267,120 @@ def test_the_fast_path_leaves_hostile_plain_looking_values_to_the_slow_path() ->
     ):
         assert fast_trade(raw, MAX_BYTES_TEST) is None, raw
     assert fast_trade(plain, len(plain) - 1) is None  # over the size limit
+
+
+# -- a whole poll at once (consumers.parse.fast_trade_lines) --------------------------------------
+def _lines_each(values: list[bytes], partitions: list[int], offsets: list[int]) -> list[str]:
+    from consumers.parse import copy_line, fast_trade
+
+    return [copy_line(fast_trade(v, MAX_BYTES_TEST), p, o, "a")  # type: ignore[arg-type]
+            for v, p, o in zip(values, partitions, offsets, strict=True)]
+
+
+def _plain_poll(n: int = 300) -> tuple[list[bytes], list[int], list[int]]:
+    trades = list(DayGenerator(SimulationSpec("2026-11-23", n, seed=5), 6).trades())
+    return ([t.value() for t in trades], [t.partition for t in trades],
+            list(range(100, 100 + n)))
+
+
+def test_a_poll_of_plain_trades_gets_each_message_s_line() -> None:
+    from consumers.parse import fast_trade_lines
+
+    values, parts, offs = _plain_poll()
+    lines = fast_trade_lines(values, parts, offs, "a", MAX_BYTES_TEST)
+    assert lines is not None and lines == _lines_each(values, parts, offs)
+    assert fast_trade_lines(values[:1], parts[:1], offs[:1], "a", MAX_BYTES_TEST) == \
+        _lines_each(values[:1], parts[:1], offs[:1])
+    assert fast_trade_lines([], [], [], "a", MAX_BYTES_TEST) is None
+
+
+def test_one_value_the_poll_path_cannot_vouch_for_sends_the_poll_per_message() -> None:
+    """Each hostile value in the middle of a plain poll: None (the site then parses the poll
+    message by message), including values the per-message fast path takes but a joined
+    buffer could misread, and pairs of values that are one trade between them."""
+    from consumers.parse import fast_trade, fast_trade_lines
+
+    values, parts, offs = _plain_poll(50)
+    plain = json.dumps(GOOD, separators=(",", ":")).encode()
+    spaced = plain.replace(b',"seq"', b',\n"seq"')  # JSON whitespace: a newline inside
+    assert fast_trade(spaced, MAX_BYTES_TEST) is not None
+    alone = [
+        plain.replace(b'"seq":1', b'"seq":1,"seq":2').replace(b'"symbol":"AAPL",', b""),
+        b"\xef\xbb\xbf" + plain, plain.replace(b'"seq":1', b'"seq":true'),
+        plain.replace(b'"quantity":100', b'"quantity":1e2'),
+        plain.replace(b'"ACC0002"', b'"ACC0001"'), plain.replace(b"187.2500", b"0.0000"),
+        plain.replace(b"187.2500", b"187.25000"),
+        plain.replace(b"2026-11-23T", b"2026-02-30T"), plain.replace(b"2026-11-23\"", b"2026-02-30\""),
+        plain.replace(b"14:30:00", b"24:30:00"), plain + b"x", plain[:-1] + b',"extra":1}',
+        spaced, b" " + plain, plain + b" ", plain.replace(b"AAPL", "ÄPL".encode()),
+        plain.replace(b"AAPL", b"AA\x7fL"), plain.replace(b"AAPL", b"AA\\u0050L"),
+        plain[:-1] + b"\n}", plain + b"\n" + plain, b"",
+    ]
+    for bad in alone:
+        poll = values[:20] + [bad] + values[20:]
+        assert fast_trade_lines(poll, parts[:21] + parts[20:], offs + [999], "a",
+                                MAX_BYTES_TEST) is None, bad
+    # Two objects in one value and none in the next: the counts of the poll still match.
+    two = values[:20] + [plain + plain, b"{}"] + values[20:]
+    assert fast_trade_lines(two, parts[:22] + parts[20:], offs + [998, 999], "a",
+                            MAX_BYTES_TEST) is None
+    # One trade split over two values at a comma: neither is a message alone.
+    cut = plain.index(b',"seq"')
+    split = values[:20] + [plain[:cut] + b"}", b'{' + plain[cut + 1:]] + values[20:]
+    assert fast_trade_lines(split, parts[:22] + parts[20:], offs + [998, 999], "a",
+                            MAX_BYTES_TEST) is None
+    assert fast_trade_lines(values[:3] + [None], parts[:4], offs[:4], "a",  # type: ignore[list-item]
+                            MAX_BYTES_TEST) is None
+    assert fast_trade_lines(values, parts, offs, "a", max(map(len, values)) - 1) is None
+
+
+def test_the_poll_path_agrees_with_the_per_message_one_on_generated_messages() -> None:
+    """Plain gateway trades with one field at a rule's edge or one structural change
+    (tests/strategies.py's near misses and mutations), each in a plain poll and all together:
+    the poll path gives either None or exactly the per-message lines, and takes some."""
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import settings as settings_
+    from hypothesis import strategies as st
+
+    from consumers.parse import fast_trade, fast_trade_lines
+    from tests.strategies import Builder, pools
+
+    values, parts, offs = _plain_poll(40)
+    seen: list[tuple[int, int]] = []
+
+    def near_plain(builder: Builder, value: bytes) -> bytes:
+        pairs = [(k, json.dumps(v)) for k, v in json.loads(value).items()]
+        if builder.r.random() < 0.6:
+            i = builder.r.randrange(len(pairs))
+            pairs[i] = (pairs[i][0], builder.near_miss(pairs[i][0]))
+            lead = trail = ""
+        else:
+            pairs, lead, trail = builder.mutate(pairs)
+        body = ",".join(f'"{k}":{v}' for k, v in pairs)
+        return (lead + "{" + body + "}" + trail).encode("utf-8", "surrogatepass")
+
+    @settings_(max_examples=5, deadline=None, database=None, derandomize=True,
+               phases=[Phase.explicit, Phase.generate],
+               suppress_health_check=list(HealthCheck))
+    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    def check(pool: dict, seed: int) -> None:
+        builder = Builder(pool, seed)
+        generated = [near_plain(builder, values[i % len(values)]) for i in range(400)]
+        taken = 0
+        for g in generated:
+            poll = values[:10] + [g] + values[10:]
+            pp, oo = parts[:11] + parts[10:], offs + [999]
+            lines = fast_trade_lines(poll, pp, oo, "a", MAX_BYTES_TEST)
+            if lines is not None:
+                assert lines == _lines_each(poll, pp, oo), g
+                taken += 1
+        accepted = [g for g in generated if fast_trade(g, MAX_BYTES_TEST) is not None]
+        pp, oo = [0] * len(accepted), list(range(len(accepted)))
+        whole = fast_trade_lines(accepted, pp, oo, "a", MAX_BYTES_TEST)
+        assert whole is None or whole == _lines_each(accepted, pp, oo)
+        seen.append((taken, len(accepted)))
+
+    check()
+    # Not vacuous: the poll path took some of them (edges that are still valid), and left
+    # some to the per-message path.
+    assert len(seen) == 5 and all(0 < taken < 400 for taken, _ in seen), seen

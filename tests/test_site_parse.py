@@ -1,0 +1,113 @@
+"""The site's two ways through a poll (consumers.site.Site._parse): the whole poll at once
+(``_parse_poll``) and message by message (``_parse_each``) make the same batch, and the whole
+poll is only taken when it can be. Real confluent_kafka Message objects; no broker needed."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from types import SimpleNamespace
+
+from confluent_kafka import Message
+
+from consumers.ledger import Batch
+from consumers.site import Site, SiteOptions
+from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS
+from settlement.simulator.gateway import Amend, DayGenerator, SimulationSpec
+
+DATE = "2026-11-23"
+
+
+def _site(partitions: range) -> Site:
+    site = Site.__new__(Site)  # only what parsing reads: no consumer, no ledger
+    site.expected = {p: 0 for p in partitions}
+    site.opts = SiteOptions("a", "separate")
+    site.settings = SimpleNamespace(max_message_bytes=16384)  # type: ignore[assignment]
+    site.stalled, site.needs_resync, site.retry_at = {}, False, 0.0
+    return site
+
+
+def _poll() -> list[Message]:
+    """A day's end on four partitions: trades, cancels and corrections, a replayed trade,
+    and each partition's close marker as soon as its last trade is out (so markers sit
+    between other partitions' trades, as in a real poll)."""
+    spec = SimulationSpec(DATE, 400, seed=3, cancel_rate=0.05, correct_rate=0.05)
+    events = list(DayGenerator(spec, 4).events())
+    last = {e.partition: i for i, e in enumerate(events)}
+    offsets: dict[int, int] = defaultdict(int)
+    msgs: list[Message] = []
+
+    def add(p: int, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        msgs.append(Message(topic="trades", partition=p, offset=offsets[p], value=value,
+                            headers=headers))
+        offsets[p] += 1
+
+    for i, e in enumerate(events):
+        add(e.partition, e.value(), e.headers if isinstance(e, Amend) else TRADE_HEADERS)
+        if i == 50:
+            add(events[10].partition, events[10].value(), TRADE_HEADERS)  # a replay
+        if last[e.partition] == i:
+            add(e.partition, json.dumps({"trade_date": DATE, "partition": e.partition,
+                                         "last_seq": 999}).encode(), CLOSE_HEADERS)
+    return msgs
+
+
+def _each(site: Site, msgs: list[Message]) -> Batch:
+    batch = Batch()
+    batch.messages = site._parse_each(msgs, batch)
+    return batch
+
+
+def _same(a: Batch, b: Batch) -> None:
+    assert a.copy_lines == b.copy_lines
+    assert [id(m) for m in a.trade_messages] == [id(m) for m in b.trade_messages]
+    assert (a.dead_letters, a.close_markers, a.amendments) == \
+        (b.dead_letters, b.close_markers, b.amendments)
+    assert a.next_offsets == b.next_offsets and a.messages == b.messages
+
+
+def test_a_day_end_poll_is_parsed_whole_into_the_batch_of_the_message_by_message_path() -> None:
+    msgs = _poll()
+    site = _site(range(4))
+    whole = site._parse_poll(msgs)
+    assert whole is not None
+    _same(whole, _each(site, msgs))
+    assert len(whole.close_markers) == 4 and whole.amendments and not whole.dead_letters
+    assert len(whole.copy_lines) == 401  # the replay is staged too: the ledger judges it
+    assert whole.next_offsets == {p: max(m.offset() for m in msgs if m.partition() == p) + 1
+                                  for p in range(4)}
+
+
+def test_a_poll_the_whole_path_cannot_take_goes_message_by_message() -> None:
+    msgs = _poll()
+    site = _site(range(4))
+    bad = json.loads(msgs[20].value())
+    for change in (
+        lambda: Message(topic="trades", partition=msgs[20].partition(),
+                        offset=msgs[20].offset(), headers=TRADE_HEADERS,
+                        value=json.dumps({**bad, "seller": bad["buyer"]}).encode()),
+        # a trade in another header form: parsed in its place among the trades
+        lambda: Message(topic="trades", partition=msgs[20].partition(),
+                        offset=msgs[20].offset(), value=msgs[20].value(), headers=None),
+    ):
+        poll = msgs[:20] + [change()] + msgs[21:]
+        assert site._parse_poll(poll) is None
+        batch = site._parse(poll)
+        _same(batch, _each(site, poll))
+    dead = site._parse(msgs[:20] + [Message(topic="trades", partition=msgs[20].partition(),
+                                            offset=msgs[20].offset(), headers=TRADE_HEADERS,
+                                            value=json.dumps({**bad, "seller": bad["buyer"]})
+                                            .encode())] + msgs[21:])
+    assert [d["offset"] for d in dead.dead_letters] == [msgs[20].offset()]
+    assert "buyer equals seller" in dead.dead_letters[0]["reason"]
+    assert len(dead.copy_lines) == 400
+
+
+def test_a_poll_with_a_partition_no_longer_ours_goes_message_by_message() -> None:
+    msgs = _poll()
+    site = _site(range(3))  # partition 3 was revoked while the poll was on its way
+    assert site._parse_poll(msgs) is None
+    batch = site._parse(msgs)
+    assert 3 not in batch.next_offsets
+    assert all(m.partition() != 3 for m in batch.trade_messages)
+    assert batch.messages == sum(m.partition() != 3 for m in msgs)
