@@ -1,13 +1,15 @@
 """Ingest throughput of one consumer site, against a naive consumer and the COPY ceiling.
 
     .venv/bin/python benchmarks/ingest.py [--trades 1000000] [--naive 20000] [--processes 1,2]
+                                          [--repeat 3]
 
 Starts the embedded services if they are not running (and stops them again afterwards),
 pre-produces the day on a private topic, then measures in the same run:
-  site   - `settle site run` logic (parse + COPY to staging + insert on conflict + offsets)
+  site   - `settle site run` logic (parse + COPY to staging + insert + offsets), --repeat times
   processes - the real `settle site run --processes N` for each N, into a fresh ledger each
   naive  - one INSERT and one COMMIT per message, the textbook exactly-once consumer
-  copy   - the same rows COPYed straight into an empty trades table: the database ceiling
+  copy   - the same rows COPYed straight into an empty trades table: the database ceiling,
+           --repeat times, in turns with the site
 Prints one JSON object.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -90,7 +93,8 @@ def bench_processes(settings: Settings, n: int) -> dict[str, Any]:
     res = subprocess.run([sys.executable, "-m", "settlement.cli", "site", "run", "--site", "a",
                           "--scheme", "separate", "--processes", str(n), "--until-close",
                           "--date", DATE, "--max-seconds", "900", "--json"],
-                         env=env, capture_output=True, text=True, timeout=1200)
+                         env=env, capture_output=True, text=True, timeout=1200,
+                         cwd=Path(__file__).resolve().parents[1])  # this checkout's code
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise RuntimeError(f"site with {n} processes failed: {res.stderr[-2000:]}")
@@ -156,6 +160,8 @@ def main() -> None:
     ap.add_argument("--naive", type=int, default=20_000, help="messages for the naive consumer")
     ap.add_argument("--processes", default="1,2",
                     help="comma-separated process counts for `settle site run --processes`")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of the in-process site and of the COPY ceiling (medians count)")
     args = ap.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     base = load_settings()
@@ -166,39 +172,52 @@ def main() -> None:
         ensure_topic(s)
         print(f"producing {args.trades} trades to {topic}...", file=sys.stderr)
         sim = simulate(s, SimulationSpec(DATE, args.trades, seed=1, txn_size=5_000))
-        print("site...", file=sys.stderr)
-        site = bench_site(fresh(s, "site"))
+        # The in-process site and the ceiling take turns, each into a fresh ledger: a machine
+        # that drifts (a checkpoint, the broker's GC) touches both alike.
+        sites, copies = [], []
+        for i in range(args.repeat):
+            print(f"site ({i + 1}/{args.repeat})...", file=sys.stderr)
+            sites.append(bench_site(fresh(s, "site")))
+            print(f"copy ceiling ({i + 1}/{args.repeat})...", file=sys.stderr)
+            copies.append(bench_copy(fresh(s, "copy"), args.trades, sim["partitions"]))
         per_processes = {}
         for n in [int(x) for x in args.processes.split(",") if x.strip()]:
             print(f"site with {n} processes...", file=sys.stderr)
             per_processes[str(n)] = bench_processes(fresh(s, f"p{n}"), n)
         print("naive...", file=sys.stderr)
         naive = bench_naive(fresh(s, "naive"), args.naive)
-        print("copy ceiling...", file=sys.stderr)
-        copy = bench_copy(fresh(s, "copy"), args.trades, sim["partitions"])
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)
-    rate = site["steady_trades_per_second"] or site["trades_per_second"]
+    site_rates = [r["steady_trades_per_second"] or r["trades_per_second"] for r in sites]
+    copy_rates = [c["trades_per_second"] for c in copies]
+    rate, ceiling = statistics.median_low(site_rates), statistics.median_low(copy_rates)
     # A site with N consumer processes is still one site: its best steady rate counts too.
-    best = max([rate, *(p["steady_trades_per_second"] or 0 for p in per_processes.values())])
+    best = max([*site_rates, *(p["steady_trades_per_second"] or 0
+                                for p in per_processes.values())])
     result = {
         "benchmark": "ingest",
         "trades": args.trades,
+        "repeat": args.repeat,
         "machine": {"cores": os.cpu_count()},
         "producer_trades_per_second": sim["trades_per_second"],
-        "site": site,
+        "site": sites[site_rates.index(rate)],  # the median run
+        "site_steady_runs": site_rates,
         "site_processes": per_processes,
         "naive": naive,
-        "copy_ceiling": copy,
+        "copy_ceiling": {"trades": args.trades, "trades_per_second": round(ceiling),
+                         "runs": copy_rates},
+        # Medians of the in-process site (one process) and of the ceiling, run in turns.
         "site_vs_naive": round(rate / naive["trades_per_second"], 1),
-        "site_vs_copy_ceiling": round(rate / copy["trades_per_second"], 3),
+        "site_vs_copy_ceiling": round(rate / ceiling, 3),
         "best_site_trades_per_second": best,
-        "best_site_vs_copy_ceiling": round(best / copy["trades_per_second"], 3),
-        # Issue #15's targets, steady state.
+        "best_site_vs_best_copy_ceiling": round(best / max(copy_rates), 3),
         "targets": {
+            # Issue #15, steady state.
             "site_vs_naive>=25": best / naive["trades_per_second"] >= 25,
-            "site_vs_copy_ceiling>=0.5": best / copy["trades_per_second"] >= 0.5,
+            "site_vs_copy_ceiling>=0.5": best / max(copy_rates) >= 0.5,
+            # Issue #26: one process, the medians.
+            "one_process_site_vs_copy_ceiling>=0.45": rate / ceiling >= 0.45,
         },
     }
     print(json.dumps(result, indent=2))

@@ -9,16 +9,12 @@ survivor re-read the whole topic.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +33,7 @@ from consumers.parse import (
     message_type,
     trade_copy_line,
 )
+from consumers.runtime import hot_loop
 from settlement.config import Settings
 from settlement.contract import AMENDMENTS, TRADE, TRADE_HEADERS, group_id
 from settlement.kafka.admin import topic_partitions
@@ -46,40 +43,9 @@ FAILPOINTS = ("after_db_commit", "before_db_commit")
 PRUNE_EVERY = 3600.0  # seconds between heartbeat retention passes
 # The writer thread takes the GIL back after each of a batch's dozen ledger round trips while
 # the main thread parses the next poll; at Python's default interval (5 ms) each of those
-# waits could last that long, and the batch's commit with them.
+# waits could last that long, and the batch's commit with them (+10-15% steady ingest at
+# 0.5 ms, alternating runs; docs/benchmarks.md).
 GIL_SWITCH_SECONDS = 0.0005
-# A poll allocates tens of thousands of tracked objects (Kafka messages, lists): at the default
-# threshold of 700 the collector ran ~1,700 times per 300,000 trades, a dozen of them full
-# passes over everything the process had built before the loop; 0.4-0.7 s of a 3-4 s run.
-GC_THRESHOLD_0 = 20_000
-_tuning_lock = threading.Lock()
-_tuned_runs = 0
-_untuned: tuple[float, tuple[int, int, int]] | None = None
-
-
-@contextmanager
-def ingest_tuning() -> Iterator[None]:
-    """The interpreter's settings for a consume loop while one runs in this process: the GIL
-    switch interval and the collector above, with what existed before the loop frozen out
-    of the collector's passes. Restored when the last loop ends (tests run several sites in
-    one process)."""
-    global _tuned_runs, _untuned
-    with _tuning_lock:
-        _tuned_runs += 1
-        if _tuned_runs == 1:
-            _untuned = (sys.getswitchinterval(), gc.get_threshold())
-            sys.setswitchinterval(GIL_SWITCH_SECONDS)
-            gc.freeze()
-            gc.set_threshold(GC_THRESHOLD_0, *gc.get_threshold()[1:])
-    try:
-        yield
-    finally:
-        with _tuning_lock:
-            _tuned_runs -= 1
-            if _tuned_runs == 0 and _untuned is not None:
-                sys.setswitchinterval(_untuned[0])
-                gc.set_threshold(*_untuned[1])
-                gc.unfreeze()
 
 
 @dataclass(frozen=True)
@@ -214,7 +180,7 @@ class Site:
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        with ingest_tuning():
+        with hot_loop(GIL_SWITCH_SECONDS):
             return self._run()
 
     def _run(self) -> dict[str, Any]:

@@ -111,3 +111,27 @@ def test_a_poll_with_a_partition_no_longer_ours_goes_message_by_message() -> Non
     assert 3 not in batch.next_offsets
     assert all(m.partition() != 3 for m in batch.trade_messages)
     assert batch.messages == sum(m.partition() != 3 for m in msgs)
+
+
+def test_the_hot_loop_settings_hold_while_a_loop_runs_and_come_back_after_the_last() -> None:
+    import gc
+    import sys
+
+    from consumers.runtime import GC_THRESHOLD_0, hot_loop
+
+    before = (sys.getswitchinterval(), gc.get_threshold(), gc.get_freeze_count())
+    with hot_loop(0.0005):
+        assert sys.getswitchinterval() == 0.0005
+        assert gc.get_threshold()[0] == GC_THRESHOLD_0 and gc.get_freeze_count() > 0
+
+        def worker() -> object:
+            with hot_loop():
+                yield 1
+                yield 2
+
+        gen = worker()
+        next(gen)
+        gen.close()  # a Spark task stopped early: its loop ends, this one still runs
+        assert gc.get_threshold()[0] == GC_THRESHOLD_0 and sys.getswitchinterval() == 0.0005
+    assert (sys.getswitchinterval(), gc.get_threshold()) == before[:2]
+    assert gc.get_freeze_count() == before[2] == 0

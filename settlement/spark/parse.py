@@ -192,6 +192,7 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         marker_conflict_reason,
         trade_values,
     )
+    from consumers.runtime import hot_loop
 
     # Per Kafka partition (a task reads one, but a test's frame may hold several): trade id
     # -> the kept copy packed in one int (offset << 64 | 64-bit fingerprint), since a task
@@ -208,87 +209,88 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     amended_in: dict[int, dict[str, AmendedTrade]] = {}
     amends_in: dict[int, dict[tuple[str, str, int], int]] = {}
     mask = (1 << 64) - 1
-    for batch in batches:
-        partitions = batch.column(0).to_pylist()
-        offsets = batch.column(1).to_pylist()
-        values = batch.column(2).to_pylist()
-        kind_bytes = batch.column(3).to_pylist()
-        n = len(values)
-        kinds: list[str] = [TRADE] * n
-        reasons: list[str | None] = [None] * n
-        raws: list[bytes | None] = [None] * n
-        dups: list[bool] = [False] * n
-        trades: list[tuple[object, ...]] = [_NO_TRADE] * n
-        close_dates: list[str | None] = [None] * n
-        last_seqs: list[int | None] = [None] * n
-        versions: list[int | None] = [None] * n
-        notes: list[str | None] = [None] * n
-        for i in range(n):
-            kb = kind_bytes[i]
-            kind = (TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else CANCEL
-                    if kb == _CANCEL_B else CORRECT if kb == _CORRECT_B
-                    else kb.decode("utf-8", "replace"))
-            kinds[i] = kind
-            try:
-                t = fast_trade_values(values[i], max_bytes) if kind == TRADE else None
-                if t is None:  # not a plain trade: the slow path decides (and says why)
-                    obj = decode(values[i], max_bytes)
-                if kind == TRADE:
-                    t = t or trade_values(obj)
-                    fp = fingerprint(t) & mask
-                    seen = seen_in.get(partitions[i])
-                    if seen is None:
-                        seen = seen_in[partitions[i]] = {}
-                    kept = seen.get(t.trade_id)
-                    if kept is None:
-                        seen[t.trade_id] = offsets[i] << 64 | fp
-                        day = first_date.setdefault(partitions[i], t.trade_date)
-                        if t.trade_date != day:
-                            other_dates.setdefault(partitions[i], {})[t.trade_id] = \
-                                t.trade_date
-                    elif kept & mask == fp:
-                        dups[i] = True
+    with hot_loop():  # a worker classifies millions of messages (consumers.runtime)
+        for batch in batches:
+            partitions = batch.column(0).to_pylist()
+            offsets = batch.column(1).to_pylist()
+            values = batch.column(2).to_pylist()
+            kind_bytes = batch.column(3).to_pylist()
+            n = len(values)
+            kinds: list[str] = [TRADE] * n
+            reasons: list[str | None] = [None] * n
+            raws: list[bytes | None] = [None] * n
+            dups: list[bool] = [False] * n
+            trades: list[tuple[object, ...]] = [_NO_TRADE] * n
+            close_dates: list[str | None] = [None] * n
+            last_seqs: list[int | None] = [None] * n
+            versions: list[int | None] = [None] * n
+            notes: list[str | None] = [None] * n
+            for i in range(n):
+                kb = kind_bytes[i]
+                kind = (TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else CANCEL
+                        if kb == _CANCEL_B else CORRECT if kb == _CORRECT_B
+                        else kb.decode("utf-8", "replace"))
+                kinds[i] = kind
+                try:
+                    t = fast_trade_values(values[i], max_bytes) if kind == TRADE else None
+                    if t is None:  # not a plain trade: the slow path decides (and says why)
+                        obj = decode(values[i], max_bytes)
+                    if kind == TRADE:
+                        t = t or trade_values(obj)
+                        fp = fingerprint(t) & mask
+                        seen = seen_in.get(partitions[i])
+                        if seen is None:
+                            seen = seen_in[partitions[i]] = {}
+                        kept = seen.get(t.trade_id)
+                        if kept is None:
+                            seen[t.trade_id] = offsets[i] << 64 | fp
+                            day = first_date.setdefault(partitions[i], t.trade_date)
+                            if t.trade_date != day:
+                                other_dates.setdefault(partitions[i], {})[t.trade_id] = \
+                                    t.trade_date
+                        elif kept & mask == fp:
+                            dups[i] = True
+                        else:
+                            raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
+                        trades[i] = t
+                    elif kind == CLOSE:
+                        cm = close_marker(obj, partitions[i])
+                        held = closes_in.setdefault(partitions[i], {}).setdefault(
+                            cm.trade_date, (cm.last_seq, offsets[i]))
+                        if held[0] != cm.last_seq:
+                            raise Malformed(marker_conflict_reason(
+                                cm.trade_date, cm.partition, cm.last_seq, held[0], held[1]))
+                        close_dates[i], last_seqs[i] = cm.trade_date, cm.last_seq
+                    elif kind in AMENDMENTS:
+                        a = amendment(obj, kind)
+                        p = partitions[i]
+                        ident = (a.trade_id, a.kind, a.version or 0)
+                        fp = amendment_fingerprint(a) & mask
+                        held_a = amends_in.setdefault(p, {}).get(ident)
+                        if held_a is not None:
+                            if held_a & mask != fp:
+                                raise Malformed(amendment_conflict_reason(a, p, held_a >> 64))
+                            dups[i] = True
+                        else:
+                            state = amended_in.setdefault(p, {}).get(a.trade_id)
+                            if state is None and a.trade_id in seen_in.get(p, {}):
+                                state = AmendedTrade(other_dates.get(p, {}).get(
+                                    a.trade_id, first_date[p]))
+                            why = amendment_refusal(a, state)
+                            if why is not None:
+                                raise Malformed(why)
+                            apply_amendment(a, state)  # type: ignore[arg-type]
+                            amended_in[p][a.trade_id] = state  # type: ignore[assignment]
+                            amends_in[p][ident] = offsets[i] << 64 | fp
+                        trades[i] = (a.values if a.values is not None
+                                     else (a.trade_id, a.trade_date, a.seq, *_NO_TRADE[3:]))
+                        versions[i], notes[i] = a.version, a.reason
                     else:
-                        raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
-                    trades[i] = t
-                elif kind == CLOSE:
-                    cm = close_marker(obj, partitions[i])
-                    held = closes_in.setdefault(partitions[i], {}).setdefault(
-                        cm.trade_date, (cm.last_seq, offsets[i]))
-                    if held[0] != cm.last_seq:
-                        raise Malformed(marker_conflict_reason(
-                            cm.trade_date, cm.partition, cm.last_seq, held[0], held[1]))
-                    close_dates[i], last_seqs[i] = cm.trade_date, cm.last_seq
-                elif kind in AMENDMENTS:
-                    a = amendment(obj, kind)
-                    p = partitions[i]
-                    ident = (a.trade_id, a.kind, a.version or 0)
-                    fp = amendment_fingerprint(a) & mask
-                    held_a = amends_in.setdefault(p, {}).get(ident)
-                    if held_a is not None:
-                        if held_a & mask != fp:
-                            raise Malformed(amendment_conflict_reason(a, p, held_a >> 64))
-                        dups[i] = True
-                    else:
-                        state = amended_in.setdefault(p, {}).get(a.trade_id)
-                        if state is None and a.trade_id in seen_in.get(p, {}):
-                            state = AmendedTrade(other_dates.get(p, {}).get(
-                                a.trade_id, first_date[p]))
-                        why = amendment_refusal(a, state)
-                        if why is not None:
-                            raise Malformed(why)
-                        apply_amendment(a, state)  # type: ignore[arg-type]
-                        amended_in[p][a.trade_id] = state  # type: ignore[assignment]
-                        amends_in[p][ident] = offsets[i] << 64 | fp
-                    trades[i] = (a.values if a.values is not None
-                                 else (a.trade_id, a.trade_date, a.seq, *_NO_TRADE[3:]))
-                    versions[i], notes[i] = a.version, a.reason
-                else:
-                    raise Malformed(f"unknown message type {kind!r}")
-            except Malformed as e:
-                reasons[i], raws[i] = str(e), values[i]
-        yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
-                      versions, notes)
+                        raise Malformed(f"unknown message type {kind!r}")
+                except Malformed as e:
+                    reasons[i], raws[i] = str(e), values[i]
+            yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
+                          versions, notes)
 
 
 def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
