@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -219,12 +220,23 @@ def test_the_fast_path_agrees_with_the_parity_corpus() -> None:
     assert 0 < taken < valid, (taken, valid)
 
 
-def test_the_fast_path_agrees_on_10000_generated_messages() -> None:
+def _five_pool_draws(check: Callable[[dict, int], None]) -> Callable[[], None]:
+    """``check(pool, seed)`` over five derandomized draws of tests/strategies.py's pools: the
+    same draws every run."""
     from hypothesis import HealthCheck, Phase, given
     from hypothesis import settings as settings_
     from hypothesis import strategies as st
 
-    from tests.strategies import Builder, pools
+    from tests.strategies import pools
+
+    return settings_(max_examples=5, deadline=None, database=None, derandomize=True,
+                     phases=[Phase.explicit, Phase.generate],
+                     suppress_health_check=list(HealthCheck))(
+        given(pool=pools(), seed=st.integers(0, 2**32 - 1))(check))
+
+
+def test_the_fast_path_agrees_on_10000_generated_messages() -> None:
+    from tests.strategies import Builder
 
     seen: list[int] = []
 
@@ -234,10 +246,7 @@ def test_the_fast_path_agrees_on_10000_generated_messages() -> None:
     # path is exercised among the generated messages whatever the pools.
     plain = [t.value() for t in DayGenerator(SimulationSpec("2026-11-23", 200), 6).trades()]
 
-    @settings_(max_examples=5, deadline=None, database=None, derandomize=True,
-               phases=[Phase.explicit, Phase.generate],
-               suppress_health_check=list(HealthCheck))
-    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    @_five_pool_draws
     def check(pool: dict, seed: int) -> None:
         builder = Builder(pool, seed)
         batch = [builder.message().value for _ in range(2_000)]
@@ -339,12 +348,9 @@ def test_the_poll_path_agrees_with_the_per_message_one_on_generated_messages() -
     """Plain gateway trades with one field at a rule's edge or one structural change
     (tests/strategies.py's near misses and mutations), each in a plain poll and all together:
     the poll path gives either None or exactly the per-message lines, and takes some."""
-    from hypothesis import HealthCheck, Phase, given
-    from hypothesis import settings as settings_
-    from hypothesis import strategies as st
 
     from consumers.parse import fast_trade, fast_trade_lines
-    from tests.strategies import Builder, pools
+    from tests.strategies import Builder
 
     values, parts, offs = _plain_poll(40)
     seen: list[tuple[int, int]] = []
@@ -360,10 +366,7 @@ def test_the_poll_path_agrees_with_the_per_message_one_on_generated_messages() -
         body = ",".join(f'"{k}":{v}' for k, v in pairs)
         return (lead + "{" + body + "}" + trail).encode("utf-8", "surrogatepass")
 
-    @settings_(max_examples=5, deadline=None, database=None, derandomize=True,
-               phases=[Phase.explicit, Phase.generate],
-               suppress_health_check=list(HealthCheck))
-    @given(pool=pools(), seed=st.integers(0, 2**32 - 1))
+    @_five_pool_draws
     def check(pool: dict, seed: int) -> None:
         builder = Builder(pool, seed)
         generated = [near_plain(builder, values[i % len(values)]) for i in range(400)]

@@ -135,3 +135,16 @@ def test_the_hot_loop_settings_hold_while_a_loop_runs_and_come_back_after_the_la
         assert gc.get_threshold()[0] == GC_THRESHOLD_0 and sys.getswitchinterval() == 0.0005
     assert (sys.getswitchinterval(), gc.get_threshold()) == before[:2]
     assert gc.get_freeze_count() == before[2] == 0
+
+
+def test_a_poll_with_an_error_event_goes_message_by_message() -> None:
+    from confluent_kafka import KafkaError
+
+    msgs = _poll()
+    site = _site(range(4))
+    eof = Message(topic="trades", partition=1, offset=7,
+                  error=KafkaError(KafkaError._PARTITION_EOF))
+    poll = msgs[:30] + [eof] + msgs[30:]
+    assert site._parse_poll(poll) is None
+    batch = site._parse(poll)
+    _same(batch, site._parse_poll(msgs))  # the event is skipped, the rest is the same batch
