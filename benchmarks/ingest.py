@@ -39,15 +39,41 @@ from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 DATE = "2026-11-24"
 
 
+# The ledgers fresh() made in this process, dropped by cleanup(): a 1M-trade run leaves
+# several copies of the day, and runs used to pile them up (98 of them, 14 GB, once).
+_MADE: list[str] = []
+
+
 def fresh(settings: Settings, tag: str) -> Settings:
     name = f"bench_{tag}_{uuid.uuid4().hex[:6]}"
     embedded = settings.pg_dsn is None
     admin = settings.embedded_dsn(name, "admin") if embedded else settings.settlement_dsn
     ensure_database(admin)
     migrate_database(admin)
+    if embedded:
+        _MADE.append(name)
     # The site under test logs in as itself, as in production (append-only grants).
     dsn = settings.embedded_dsn(name, "site_a") if embedded else admin
     return settings.model_copy(update={"ledger_a_dsn": dsn, "ledger_shared_dsn": dsn})
+
+
+def cleanup(settings: Settings, topic: str | None = None) -> None:
+    """Drop the ledgers fresh() made (and the benchmark's topic): what a run measured is in
+    its JSON, not in the services it leaves running."""
+    from psycopg import sql
+
+    from settlement.kafka.admin import admin_client
+
+    if topic is not None:
+        admin = admin_client(settings.for_component("admin"))
+        if topic in admin.list_topics(timeout=10).topics:
+            admin.delete_topics([topic], operation_timeout=30)[topic].result(30)
+    if not _MADE:
+        return
+    with connect(settings.embedded_dsn("postgres", "admin"), autocommit=True) as conn:
+        while _MADE:
+            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
+                sql.Identifier(_MADE.pop())))
 
 
 def steady(settings: Settings) -> dict[str, int | None]:
@@ -166,8 +192,8 @@ def main() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     base = load_settings()
     started = services.up(base)
+    topic = f"bench_{uuid.uuid4().hex[:8]}"
     try:
-        topic = f"bench_{uuid.uuid4().hex[:8]}"
         s = base.model_copy(update={"topic": topic})
         ensure_topic(s)
         print(f"producing {args.trades} trades to {topic}...", file=sys.stderr)
@@ -187,8 +213,11 @@ def main() -> None:
         print("naive...", file=sys.stderr)
         naive = bench_naive(fresh(s, "naive"), args.naive)
     finally:
-        if started.get("kafka") == "started" or started.get("postgres") == "started":
-            services.down(base)
+        try:
+            cleanup(base, topic)
+        finally:
+            if started.get("kafka") == "started" or started.get("postgres") == "started":
+                services.down(base)
     site_rates = [r["steady_trades_per_second"] or r["trades_per_second"] for r in sites]
     copy_rates = [c["trades_per_second"] for c in copies]
     rate, ceiling = statistics.median_low(site_rates), statistics.median_low(copy_rates)

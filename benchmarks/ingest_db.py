@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ingest import fresh  # a new ledger, logged into as site_a
+from benchmarks.ingest import cleanup, fresh  # a new ledger, logged into as site_a
 from consumers.ledger import _COPY_STAGE
 from consumers.parse import trade_copy_line
 from settlement import services
@@ -107,8 +107,11 @@ def main() -> None:
         results = {p: run_path(fresh(base, "db").ledger_dsn("a"), p, batches, len(lines))
                    for p in ("on_conflict", "clean", "not_exists", "copy")}
     finally:
-        if started.get("kafka") == "started" or started.get("postgres") == "started":
-            services.down(base)
+        try:
+            cleanup(base)
+        finally:
+            if started.get("kafka") == "started" or started.get("postgres") == "started":
+                services.down(base)
     ceiling = results["copy"]["rows_per_second"]
     print(json.dumps({
         "benchmark": "ingest_db", "trades": args.trades, "batch": args.batch,
