@@ -44,15 +44,60 @@ def test_stack_env_holds_every_required_value_privately_and_keeps_its_secrets(
 
 def test_a_password_dsn_reaches_the_job_as_a_url_its_settings_accept() -> None:
     # Found by the first start of the stack: the job refused the key=value form it was given.
-    dsn = ("postgresql://settle_eod:p%40ss@127.0.0.1:35432/settlement"
+    dsn = ("postgresql://settle_eod:p%40ss@127.0.0.1:27432/settlement"
            "?sslmode=verify-full&sslrootcert=/certs/ca.crt")
     safe, line = split_password(dsn, "/tmp/run dir+x/pgpass")
-    assert "p@ss" not in safe and line == "127.0.0.1:35432:settlement:settle_eod:p@ss"
+    assert "p@ss" not in safe and line == "127.0.0.1:27432:settlement:settle_eod:p@ss"
     assert Settings(pg_dsn=safe).settlement_dsn == safe
     info = psycopg.conninfo.conninfo_to_dict(safe)
-    assert info == {"user": "settle_eod", "host": "127.0.0.1", "port": "35432",
+    assert info == {"user": "settle_eod", "host": "127.0.0.1", "port": "27432",
                     "dbname": "settlement", "sslmode": "verify-full",
                     "sslrootcert": "/certs/ca.crt", "passfile": "/tmp/run dir+x/pgpass"}
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except OSError:  # not Linux: its documented default
+        return 32768, 60999
+
+
+def test_the_stack_listens_only_on_its_declared_ports_all_outside_the_ephemeral_range() -> None:
+    # CI saw the stack's PostgreSQL (then on 35432) restart with "could not create any TCP/IP
+    # sockets": a port inside the ephemeral range can be the local end of any outgoing
+    # connection, such as the brokers' to each other, started at the same moment.
+    text = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    used = {int(p) for p in re.findall(r"127\.0\.0\.1:(\d{4,5})", body)}
+    used |= {int(p) for p in re.findall(r"(?:PORT|--port)[\"':, ]+\"?(\d{4,5})", body)}
+    assert used == set(envfile.LISTEN_PORTS), used ^ set(envfile.LISTEN_PORTS)
+    low, high = _ephemeral_range()
+    inside = sorted(p for p in envfile.LISTEN_PORTS if low <= p <= high)
+    assert not inside, f"{inside} lie in this host's ephemeral range {low}-{high}"
+    values = envfile.local_settings(Path("/certs"), "none")
+    addresses = [*values["KAFKA_BOOTSTRAP"].split(","), values["PG_ADDRESS"],
+                 values["AIRFLOW_INTERNAL_URL"].removeprefix("http://")]
+    assert {int(a.rsplit(":", 1)[1]) for a in addresses} <= set(envfile.LISTEN_PORTS)
+
+
+def test_a_stack_port_held_by_a_listener_or_a_connection_is_named_before_the_start() -> None:
+    import socket
+
+    from settlement.services.procs import port_free
+    from settlement.stack.compose import taken_ports_message
+
+    assert taken_ports_message([]) is None
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        listening = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", listening)) as client:
+            local_end = client.getsockname()[1]  # what took 35432 from PostgreSQL in CI
+            assert not port_free(listening) and not port_free(local_end)
+    message = taken_ports_message([envfile.PG_PORT, envfile.KAFKA_PORTS[1]])
+    assert message is not None
+    assert f"{envfile.PG_PORT} (PostgreSQL)" in message
+    assert f"{envfile.KAFKA_PORTS[1]} (Kafka broker 2)" in message
+    assert "make stack-up" in message
 
 
 def test_a_failed_one_shot_is_reported_with_the_end_of_its_log() -> None:

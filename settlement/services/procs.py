@@ -63,16 +63,24 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.3) -> bool:
         return False
 
 
-def ensure_port_free(port: int, setting: str) -> None:
+def port_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:port now (as the servers bind: with
+    SO_REUSEADDR, so a closed connection's TIME_WAIT does not count as taken)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            raise ServiceError(
-                f"port 127.0.0.1:{port} is already taken by another program; stop it or set "
-                f"{setting} to a free port"
-            ) from None
+            return False
+    return True
+
+
+def ensure_port_free(port: int, setting: str) -> None:
+    if not port_free(port):
+        raise ServiceError(
+            f"port 127.0.0.1:{port} is already taken by another program; stop it or set "
+            f"{setting} to a free port"
+        )
 
 
 def wait_until(

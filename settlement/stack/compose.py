@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from settlement.errors import ServiceError
+from settlement.services.procs import port_free
 from settlement.stack import envfile
 from settlement.stack.engine import (
     Log,
@@ -217,6 +218,28 @@ def remove_stale(stack: Stack, env_is_new: bool, cluster_id: str, log: Log) -> b
     return True
 
 
+def taken_ports_message(taken: list[int]) -> str | None:
+    """What to tell an operator whose stack ports are held by other programs (None: none)."""
+    if not taken:
+        return None
+    names = ", ".join(f"{p} ({envfile.LISTEN_PORTS.get(p, 'the stack')})" for p in taken)
+    return (f"the stack listens on 127.0.0.1 (host networking) and these ports are taken by "
+            f"another program: {names}. `ss -ltnp` names a listener, `ss -tanp 'sport = :"
+            f"{taken[0]}'` a connection using the port; stop it and run `make stack-up` again "
+            f"(the ports are fixed in deploy/local/docker-compose.local.yml)")
+
+
+def _ensure_ports_free() -> None:
+    """Before a stack starts (none of its containers runs): each of its ports must be free.
+    Otherwise a server fails inside its container, and compose reports only "unhealthy"."""
+    label = f"label=com.docker.compose.project={PROJECT}"
+    if run(["docker", "ps", "-q", "--filter", label], timeout=60).stdout.split():
+        return  # ours hold them: `up -d` only reconciles the running stack
+    message = taken_ports_message([p for p in envfile.LISTEN_PORTS if not port_free(p)])
+    if message:
+        raise ServiceError(message)
+
+
 def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     """Engine, images, .env and certificates, then the stack; returns how to reach it."""
     t0 = time.monotonic()
@@ -226,6 +249,7 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     env_is_new = not envfile.read_env(stack.env_path).get("KAFKA_CLUSTER_ID")
     values = envfile.write_env(stack.env_path, stack.certs, cron)
     removed = remove_stale(stack, env_is_new, values["KAFKA_CLUSTER_ID"], log)
+    _ensure_ports_free()
     log("starting the stack (docker compose up -d)...")
     try:
         stack.compose("up", "-d", "--remove-orphans", timeout=1200)

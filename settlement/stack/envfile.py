@@ -18,9 +18,23 @@ PASSWORDS = (
     "SETTLE_KAFKA_AUDITOR_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
     "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
 )
-KAFKA_PORTS = (39092, 39093, 39094)
-PG_PORT = 35432
-AIRFLOW_PORT = 38080
+# The ports deploy/local/docker-compose.local.yml listens on (host networking). All lie below
+# Linux's ephemeral range (32768-60999): a port inside it is also the local end of outgoing
+# connections, and CI once saw the stack's PostgreSQL fail "could not create any TCP/IP
+# sockets" on 35432 while the brokers were connecting to each other.
+KAFKA_PORTS = (27092, 27093, 27094)
+KAFKA_CONTROLLER_PORTS = (27192, 27193, 27194)
+PG_PORT = 27432
+AIRFLOW_PORT = 28080
+AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)  # task and trigger log servers, scheduler health
+LISTEN_PORTS: dict[int, str] = {
+    **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
+    **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
+    PG_PORT: "PostgreSQL", AIRFLOW_PORT: "Airflow's api-server",
+    **dict(zip(AIRFLOW_INTERNAL_PORTS, ("Airflow's task log server", "Airflow's trigger log "
+                                        "server", "Airflow's scheduler health check"),
+               strict=True)),
+}
 HEADER = ("# Written by `make stack-up` (settlement/stack/envfile.py) for the local stack; its\n"
           "# secrets are kept across runs. Not for production: see .env.example.\n")
 
