@@ -33,6 +33,7 @@ from consumers.site import Site, SiteOptions, consumer_config
 from settlement import services
 from settlement.config import Settings, load_settings
 from settlement.db import connect, ensure_database, migrate_database
+from settlement.drills.namespace import delete_topic, drop_databases
 from settlement.kafka.admin import ensure_topic
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
 
@@ -60,20 +61,11 @@ def fresh(settings: Settings, tag: str) -> Settings:
 def cleanup(settings: Settings, topic: str | None = None) -> None:
     """Drop the ledgers fresh() made (and the benchmark's topic): what a run measured is in
     its JSON, not in the services it leaves running."""
-    from psycopg import sql
-
-    from settlement.kafka.admin import admin_client
-
     if topic is not None:
-        admin = admin_client(settings.for_component("admin"))
-        if topic in admin.list_topics(timeout=10).topics:
-            admin.delete_topics([topic], operation_timeout=30)[topic].result(30)
-    if not _MADE:
-        return
-    with connect(settings.embedded_dsn("postgres", "admin"), autocommit=True) as conn:
-        while _MADE:
-            conn.execute(sql.SQL("drop database if exists {} with (force)").format(
-                sql.Identifier(_MADE.pop())))
+        delete_topic(settings, topic)
+    if _MADE:  # only on the embedded server (fresh() records no other)
+        drop_databases(settings.embedded_dsn("postgres", "admin"), _MADE)
+        _MADE.clear()
 
 
 def steady(settings: Settings) -> dict[str, int | None]:
@@ -163,10 +155,15 @@ def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
     return {"trades": n, "seconds": round(secs, 3), "trades_per_second": round(n / secs)}
 
 
-def bench_copy(settings: Settings, trades: int, partitions: int) -> dict[str, Any]:
+def copy_lines(trades: int, partitions: int) -> list[str]:
+    """The day's COPY lines, built once for all the ceiling's runs (outside what is timed)."""
     gen = DayGenerator(SimulationSpec(DATE, trades, seed=1), partitions)
-    lines = [trade_copy_line(json.loads(t.value()), t.partition, i, "c")
-             for i, t in enumerate(gen.trades())]
+    return [trade_copy_line(json.loads(t.value()), t.partition, i, "c")
+            for i, t in enumerate(gen.trades())]
+
+
+def bench_copy(settings: Settings, lines: list[str]) -> dict[str, Any]:
+    trades = len(lines)
     with connect(settings.ledger_dsn("a")) as conn:
         t0 = time.perf_counter()
         with conn.cursor() as cur, cur.copy(
@@ -201,11 +198,12 @@ def main() -> None:
         # The in-process site and the ceiling take turns, each into a fresh ledger: a machine
         # that drifts (a checkpoint, the broker's GC) touches both alike.
         sites, copies = [], []
+        lines = copy_lines(args.trades, sim["partitions"])
         for i in range(args.repeat):
             print(f"site ({i + 1}/{args.repeat})...", file=sys.stderr)
             sites.append(bench_site(fresh(s, "site")))
             print(f"copy ceiling ({i + 1}/{args.repeat})...", file=sys.stderr)
-            copies.append(bench_copy(fresh(s, "copy"), args.trades, sim["partitions"]))
+            copies.append(bench_copy(fresh(s, "copy"), lines))
         per_processes = {}
         for n in [int(x) for x in args.processes.split(",") if x.strip()]:
             print(f"site with {n} processes...", file=sys.stderr)

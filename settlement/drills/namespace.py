@@ -8,6 +8,7 @@ their data apart and lets them start from nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import psycopg
 from psycopg import sql
@@ -45,22 +46,31 @@ def _databases(settings: Settings) -> list[str]:
             for d in settings.all_dsns().values()]
 
 
-def drop_namespace(settings: Settings) -> None:
+def delete_topic(settings: Settings, topic: str) -> None:
+    """Delete a topic, if it exists, and wait (30 s at most) until the brokers stop listing it:
+    one created again at once under the same name must not meet the old one's metadata."""
     from settlement.kafka.admin import admin_client
 
-    settings = settings.for_component("admin")
-    admin = admin_client(settings)
-    if settings.topic in admin.list_topics(timeout=10).topics:
-        admin.delete_topics([settings.topic], operation_timeout=30)[settings.topic].result(30)
+    admin = admin_client(settings.for_component("admin"))
+    if topic in admin.list_topics(timeout=10).topics:
+        admin.delete_topics([topic], operation_timeout=30)[topic].result(30)
         deadline = time.monotonic() + 30
-        while (settings.topic in admin.list_topics(timeout=10).topics
-               and time.monotonic() < deadline):
+        while topic in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
             time.sleep(0.2)
-    with psycopg.connect(with_dbname(settings.settlement_dsn, "postgres"),
-                         autocommit=True) as conn:
-        for db in _databases(settings):
+
+
+def drop_databases(admin_dsn: str, names: Iterable[str]) -> None:
+    """Drop these databases (connections to them ended first), through ``admin_dsn``'s server."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for db in names:
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(
                 sql.Identifier(db)))
+
+
+def drop_namespace(settings: Settings) -> None:
+    settings = settings.for_component("admin")
+    delete_topic(settings, settings.topic)
+    drop_databases(with_dbname(settings.settlement_dsn, "postgres"), _databases(settings))
 
 
 def reset_namespace(settings: Settings) -> None:
