@@ -312,22 +312,22 @@ def fast_trade_lines(raws: list[bytes], partitions: list[int], offsets: list[int
     if not n or None in raws or max(map(len, raws)) > max_bytes:
         return None
     buf = b"\n".join(raws)
-    # Every value starts with '{', ends with '}' and holds no newline, backslash or byte order
-    # mark. A string cannot hold a raw newline, so none spans two values, and each value holds
-    # whole objects. Each object decoded has at least _PLAIN_QUOTES quotes (every field once, no
-    # unknown one), so n objects and n * _PLAIN_QUOTES quotes in all means one object per value
-    # and no repeated key in any (the count fast_trade makes per value).
-    if (buf[:1] != b"{" or buf[-1:] != b"}" or buf.count(b"\n") != n - 1
-            or buf.count(b"}\n{") != n - 1 or b"\\" in buf or _BOM in buf
+    # ASCII without DEL: no control character in any string (raw C0 ones are not JSON) and no
+    # byte order mark; the rare poll with other text goes per message, where the contract's
+    # class decides. Every value starts with '{', ends with '}' and holds no newline or
+    # backslash. A string cannot hold a raw newline, so none spans two values, and each value
+    # holds whole objects. Each object decoded has at least _PLAIN_QUOTES quotes (every field
+    # once, no unknown one), so n objects and n * _PLAIN_QUOTES quotes in all means one object
+    # per value and no repeated key in any (the count fast_trade makes per value).
+    if (not buf.isascii() or b"\x7f" in buf or buf[:1] != b"{" or buf[-1:] != b"}"
+            or buf.count(b"\n") != n - 1 or buf.count(b"}\n{") != n - 1 or b"\\" in buf
             or buf.count(b'"') != n * _PLAIN_QUOTES):
         return None
     try:
         trades = _FAST.decode_lines(buf)
     except (msgspec.MsgspecError, ValueError):
         return None
-    # ASCII without DEL: no control character in any string (raw C0 ones are not JSON); the
-    # rare poll with other text goes per message, where the contract's class decides.
-    if len(trades) != n or not buf.isascii() or b"\x7f" in buf:
+    if len(trades) != n:
         return None
     if (_PRICE_LINES.search("\n".join([t.price for t in trades])) is not None
             or _EXECUTED_AT_LINES.search("\n".join([t.executed_at for t in trades]))
