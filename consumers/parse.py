@@ -303,11 +303,11 @@ _PRICE_LINES = re.compile(rf"^(?!(?=[^\n]*[1-9])(?:{PRICE_PATTERN})$)", re.MULTI
 _EXECUTED_AT_LINES = re.compile(rf"^(?!(?:{EXECUTED_AT_PATTERN})$)", re.MULTILINE)
 
 
-def fast_trade_lines(raws: list[bytes], partitions: list[int], offsets: list[int], site: str,
-                     max_bytes: int) -> list[str] | None:
-    """The COPY lines of a poll of plain trades -- for each value exactly
-    ``copy_line(fast_trade(raw, max_bytes), partition, offset, site)`` -- or None when any
-    value is not one this path vouches for."""
+def fast_trades(raws: list[bytes], max_bytes: int) -> list[tuple[str, str, int, str, str, int,
+                                                                 str, str, str]] | None:
+    """The checked fields of a poll's plain trades -- for each value exactly
+    ``fast_trade(raw, max_bytes)`` -- or None when any value is not one this path vouches for.
+    The sites' poll path (``fast_trade_lines``) and the end of day's classifier both use it."""
     n = len(raws)
     if not n or None in raws or max(map(len, raws)) > max_bytes:
         return None
@@ -327,9 +327,8 @@ def fast_trade_lines(raws: list[bytes], partitions: list[int], offsets: list[int
         trades = _FAST.decode_lines(buf)
     except (msgspec.MsgspecError, ValueError):
         return None
-    if len(trades) != n:
-        return None
-    if (_PRICE_LINES.search("\n".join([t.price for t in trades])) is not None
+    if (len(trades) != n
+            or _PRICE_LINES.search("\n".join([t.price for t in trades])) is not None
             or _EXECUTED_AT_LINES.search("\n".join([t.executed_at for t in trades]))
             is not None):
         return None
@@ -337,10 +336,23 @@ def fast_trade_lines(raws: list[bytes], partitions: list[int], offsets: list[int
     dates.update([t.executed_at[:10] for t in trades])
     if not all(map(_is_date, dates)):
         return None
-    lines = [f"{t.trade_id}\t{t.trade_date}\t{t.seq}\t{p}\t{o}\t{t.symbol}\t{t.price}\t"
-             f"{t.quantity}\t{t.buyer}\t{t.seller}\t{t.executed_at}\t{site}\n"
-             for t, p, o in zip(trades, partitions, offsets, strict=True) if t.buyer != t.seller]
-    return lines if len(lines) == n else None
+    fields = list(map(msgspec.structs.astuple, trades))
+    if any([t[6] == t[7] for t in fields]):  # buyer, seller
+        return None
+    return fields
+
+
+def fast_trade_lines(raws: list[bytes], partitions: list[int], offsets: list[int], site: str,
+                     max_bytes: int) -> list[str] | None:
+    """The COPY lines of a poll of plain trades -- for each value exactly
+    ``copy_line(fast_trade(raw, max_bytes), partition, offset, site)`` -- or None when any
+    value is not one this path vouches for."""
+    trades = fast_trades(raws, max_bytes)
+    if trades is None:
+        return None
+    return [f"{t}\t{d}\t{s}\t{p}\t{o}\t{sym}\t{pr}\t{q}\t{b}\t{sel}\t{at}\t{site}\n"
+            for (t, d, s, sym, pr, q, b, sel, at), p, o
+            in zip(trades, partitions, offsets, strict=True)]
 
 
 def fast_trade_values(raw: bytes | None, max_bytes: int) -> TradeValues | None:

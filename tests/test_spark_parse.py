@@ -9,6 +9,7 @@ import json
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import DataFrame, SparkSession
 
@@ -179,3 +180,56 @@ def test_later_copies_of_a_trade_in_a_partition_are_marked(spark: SparkSession) 
     reasons = {r["kafka_offset"]: r["reason"] for r in classified.collect() if r["reason"]}
     assert reasons[2] == ("conflicting replay of trade 'T-1': its fields differ from the copy "
                           "kept at partition 0 offset 0"), reasons
+
+
+def test_a_batch_of_plain_trades_gets_the_verdicts_each_message_would(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python worker's side alone (no Spark): a batch of plain trades only is checked whole
+    (``fast_trades``); every verdict, typed value and copy mark must be the one the message
+    by message path gives, and what it keeps (first copies, their dates) must serve the later
+    batches: a replay, a conflicting replay, another date, then a cancel of a trade the whole
+    batch path kept, a second cancel, a close marker and a replay across batches."""
+    import pyarrow as pa
+
+    import consumers.parse
+    from settlement.spark.parse import classify_arrow
+
+    def trade(i: int, **kw: Any) -> dict[str, Any]:
+        return {**GOOD, "trade_id": f"T-{i}", "seq": i, **kw}
+
+    plain = [trade(1), trade(2), trade(1), trade(3, price="1.5"), trade(3, price="1.50"),
+             trade(1, quantity=4), trade(4, trade_date="2024-03-14"), trade(5, buyer="Z")]
+    cancel = {"trade_id": "T-2", "trade_date": "2024-03-15", "seq": 9, "reason": "bust"}
+    later = [(cancel, "cancel"), (trade(2), "trade"), (cancel, "cancel"),
+             ({"trade_date": "2024-03-15", "partition": 0, "last_seq": 9}, "close"),
+             ({**cancel, "trade_id": "T-4", "trade_date": "2024-03-14"}, "cancel")]
+
+    def batch(values: list[tuple[dict[str, Any], str]], first: int) -> pa.RecordBatch:
+        return pa.record_batch([
+            pa.array([0] * len(values), pa.int32()),
+            pa.array(range(first, first + len(values)), pa.int64()),
+            pa.array([json.dumps(v, separators=(",", ":")).encode() for v, _ in values]),
+            pa.array([k.encode() for _, k in values])], names=["p", "o", "value", "kind"])
+
+    batches = [batch([(v, "trade") for v in plain], 0), batch(later, len(plain))]
+    real, taken = consumers.parse.fast_trades, []
+
+    def counted(raws: list[bytes], max_bytes: int) -> Any:
+        taken.append(real(raws, max_bytes) is not None)
+        return real(raws, max_bytes)
+
+    monkeypatch.setattr(consumers.parse, "fast_trades", counted)
+    whole = [b.to_pylist() for b in classify_arrow(iter(batches), 400)]
+    assert taken == [True]  # the first batch went whole; the mixed one was not offered
+    monkeypatch.setattr(consumers.parse, "fast_trades", lambda raws, max_bytes: None)
+    each = [b.to_pylist() for b in classify_arrow(iter(batches), 400)]
+    assert whole == each
+    rows = [r for b in whole for r in b]
+    assert [r["_dup"] for r in rows[:8]] == [False, False, True, False, True, False, False,
+                                            False]
+    assert [bool(r["reason"]) for r in rows] == [False] * 5 + [True] + [False] * 7
+    assert "conflicting replay of trade 'T-1'" in rows[5]["reason"]
+    assert rows[6]["trade_date"] == dt.date(2024, 3, 14)
+    assert rows[3]["price"] == Decimal("1.5000") and rows[9]["_dup"]  # T-2 again: a replay
+    assert [r["_kind"] for r in rows[8:]] == ["cancel", "trade", "cancel", "close", "cancel"]
+    assert rows[8]["reason"] is None and rows[10]["_dup"] and rows[12]["reason"] is None

@@ -188,6 +188,7 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         conflict_reason,
         decode,
         fast_trade_values,
+        fast_trades,
         fingerprint,
         marker_conflict_reason,
         trade_values,
@@ -209,6 +210,26 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     amended_in: dict[int, dict[str, AmendedTrade]] = {}
     amends_in: dict[int, dict[tuple[str, str, int], int]] = {}
     mask = (1 << 64) - 1
+
+    def is_copy(t: tuple[str, str, int, str, str, int, str, str, str], partition: int,
+                offset: int) -> bool:
+        """Whether a trade (``trade_values``' order) is a later copy of one kept in its
+        partition; its first copy is kept. Raises Malformed for a conflicting replay."""
+        trade_id, trade_date = t[0], t[1]
+        fp = fingerprint(t) & mask
+        seen = seen_in.get(partition)
+        if seen is None:
+            seen = seen_in[partition] = {}
+        kept = seen.get(trade_id)
+        if kept is None:
+            seen[trade_id] = offset << 64 | fp
+            if trade_date != first_date.setdefault(partition, trade_date):
+                other_dates.setdefault(partition, {})[trade_id] = trade_date
+            return False
+        if kept & mask == fp:
+            return True
+        raise Malformed(conflict_reason(trade_id, partition, kept >> 64))
+
     with hot_loop():  # a worker classifies millions of messages (consumers.runtime)
         for batch in batches:
             partitions = batch.column(0).to_pylist()
@@ -225,7 +246,11 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
             last_seqs: list[int | None] = [None] * n
             versions: list[int | None] = [None] * n
             notes: list[str | None] = [None] * n
-            for i in range(n):
+            # A batch of plain trades only (most of a day): checked whole, as a site checks
+            # a poll (consumers.parse.fast_trades, each value's verdict that of fast_trade);
+            # what is left per message is keeping each trade's first copy.
+            plain = fast_trades(values, max_bytes) if kind_bytes.count(_TRADE_B) == n else None
+            for i in range(n if plain is None else 0):
                 kb = kind_bytes[i]
                 kind = (TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else CANCEL
                         if kb == _CANCEL_B else CORRECT if kb == _CORRECT_B
@@ -237,21 +262,7 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         obj = decode(values[i], max_bytes)
                     if kind == TRADE:
                         t = t or trade_values(obj)
-                        fp = fingerprint(t) & mask
-                        seen = seen_in.get(partitions[i])
-                        if seen is None:
-                            seen = seen_in[partitions[i]] = {}
-                        kept = seen.get(t.trade_id)
-                        if kept is None:
-                            seen[t.trade_id] = offsets[i] << 64 | fp
-                            day = first_date.setdefault(partitions[i], t.trade_date)
-                            if t.trade_date != day:
-                                other_dates.setdefault(partitions[i], {})[t.trade_id] = \
-                                    t.trade_date
-                        elif kept & mask == fp:
-                            dups[i] = True
-                        else:
-                            raise Malformed(conflict_reason(t.trade_id, partitions[i], kept >> 64))
+                        dups[i] = is_copy(t, partitions[i], offsets[i])
                         trades[i] = t
                     elif kind == CLOSE:
                         cm = close_marker(obj, partitions[i])
@@ -289,6 +300,13 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         raise Malformed(f"unknown message type {kind!r}")
                 except Malformed as e:
                     reasons[i], raws[i] = str(e), values[i]
+            for i, t in enumerate(plain or ()):
+                try:
+                    dups[i] = is_copy(t, partitions[i], offsets[i])
+                except Malformed as e:
+                    reasons[i], raws[i] = str(e), values[i]
+                    continue
+                trades[i] = t
             yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
                           versions, notes)
 
