@@ -91,7 +91,7 @@ def test_a_stack_port_held_by_a_listener_or_a_connection_is_named_before_the_sta
     with socket.create_server(("127.0.0.1", 0)) as server:
         listening = server.getsockname()[1]
         with socket.create_connection(("127.0.0.1", listening)) as client:
-            local_end = client.getsockname()[1]  # what took 35432 from PostgreSQL in CI
+            local_end = client.getsockname()[1]  # how 35432 was most likely taken in CI
             assert not port_free(listening) and not port_free(local_end)
     message = taken_ports_message([envfile.PG_PORT, envfile.KAFKA_PORTS[1]])
     assert message is not None
