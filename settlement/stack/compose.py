@@ -24,6 +24,7 @@ from settlement.stack.engine import (
 from settlement.stack.images import build_images
 
 PROJECT = "dual-site-settlement"
+PROJECT_FILTER = f"label=com.docker.compose.project={PROJECT}"  # `docker ps`/`volume ls`
 OVERRIDE = Path("deploy/local/docker-compose.local.yml")
 # Run once and exit 0; everything else keeps running (and is healthy, where it says how).
 ONE_SHOT = ("kafka-init", "migrate", "airflow-init", "airflow-users", "airflow-pools")
@@ -177,9 +178,10 @@ def stale_reason(env_is_new: bool, leftovers: bool, cluster_id: str,
 
 def _leftovers() -> tuple[list[str], list[str]]:
     """The project's existing containers and volumes (any clone's: they share its name)."""
-    label = f"label=com.docker.compose.project={PROJECT}"
-    containers = run(["docker", "ps", "-aq", "--filter", label], timeout=60).stdout.split()
-    volumes = run(["docker", "volume", "ls", "-q", "--filter", label], timeout=60).stdout.split()
+    containers = run(["docker", "ps", "-aq", "--filter", PROJECT_FILTER],
+                     timeout=60).stdout.split()
+    volumes = run(["docker", "volume", "ls", "-q", "--filter", PROJECT_FILTER],
+                  timeout=60).stdout.split()
     return containers, volumes
 
 
@@ -232,8 +234,7 @@ def taken_ports_message(taken: list[int]) -> str | None:
 def _ensure_ports_free() -> None:
     """Before a stack starts (none of its containers runs): each of its ports must be free.
     Otherwise a server fails inside its container, and compose reports only "unhealthy"."""
-    label = f"label=com.docker.compose.project={PROJECT}"
-    if run(["docker", "ps", "-q", "--filter", label], timeout=60).stdout.split():
+    if run(["docker", "ps", "-q", "--filter", PROJECT_FILTER], timeout=60).stdout.split():
         return  # ours hold them: `up -d` only reconciles the running stack
     message = taken_ports_message([p for p in envfile.LISTEN_PORTS if not port_free(p)])
     if message:
