@@ -55,7 +55,7 @@ from settlement.simulator.gateway import (
     SimulationSpec,
     malformed_message,
 )
-from settlement.spark.figures import BUCKET_SEQS, figures
+from settlement.spark.figures import BUCKET_SEQS, figures, row_hash, row_hashes
 from settlement.spark.parse import classify_kafka_values
 from settlement.spark.schemas import TRADE_SCHEMA
 from tests.spark_fixtures import spark  # noqa: F401
@@ -138,6 +138,13 @@ def spark_verdicts(session: SparkSession, msgs: Sequence[Msg]) -> list[Verdict]:
             "_close_date", "_last_seq")),
         F.when(valid, F.unix_micros("executed_at")).alias("executed_at"),
     )  # fmt: skip
+    # The row hashes the classifier hands validation (in Python) are Spark's ``row_hash`` of
+    # the same typed trade (which ``store_and_read_back`` holds to PostgreSQL's).
+    hi, lo = row_hash()
+    unequal = classified.where(valid & (F.col("_kind") == C.TRADE)).where(
+        ~(F.col("_row_hi").eqNullSafe(hi) & F.col("_row_lo").eqNullSafe(lo))).select(
+        "kafka_offset", "_row_hi", "_row_lo", hi.alias("hi"), lo.alias("lo")).collect()
+    assert not unequal, f"{len(unequal)} row hashes differ from Spark's: {unequal[:5]}"
     verdicts: list[Verdict | None] = [None] * len(msgs)
     for r in out.collect():
         if r["reason"] is not None:
@@ -544,6 +551,34 @@ def test_corpus_verdicts_agree(spark: SparkSession) -> None:  # noqa: F811
     wrong = [f"{note}: expected {want}, got {v!r} for {_show(m)}"
              for (m, want, note), v in zip(cases, verdicts, strict=True) if v[0] != want]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_python_row_hash_is_sparks_with_missing_fields_left_out(spark: SparkSession  # noqa: F811
+                                                                      ) -> None:
+    """``row_hashes`` (the Kafka classifier's) against Spark's ``row_hash`` on rows the
+    corpus has none of: a cancel's row (id, date and seq only), a date before 1970, a price
+    below one unit, non-ASCII text, the largest values."""
+    at = dt.datetime(2026, 11, 23, 14, 30, 0, 1, tzinfo=dt.UTC)
+    rows = [
+        ("T1", dt.date(2026, 11, 23), 1, 0, 0, "AAPL", Decimal("187.2500"), 100, "B", "S", at),
+        ("T2", dt.date(2026, 11, 23), 2, 5, 9, None, None, None, None, None, None),
+        ("T3", dt.date(1969, 12, 31), C.MAX_SEQ, 11, 1, "Ä€", Decimal("0.0001"),
+         C.MAX_QUANTITY, "买方", "S", EPOCH - dt.timedelta(microseconds=1)),
+        ("T4", dt.date(2026, 1, 2), 3, 1, 2, "X", Decimal("99999999999999.9999"), 1, "B",
+         "S", at),
+    ]
+    hi, lo = row_hash()
+    want = [(r["hi"], r["lo"]) for r in spark.createDataFrame(rows, TRADE_SCHEMA).select(
+        hi.alias("hi"), lo.alias("lo")).collect()]
+    units = [None if r[6] is None else int(r[6] * 10_000) for r in rows]
+    micros = [None if r[10] is None else (r[10] - EPOCH) // dt.timedelta(microseconds=1)
+              for r in rows]
+    got = row_hashes([r[0] for r in rows], [(r[1] - dt.date(1970, 1, 1)).days for r in rows],
+                     [r[2] for r in rows], [r[3] for r in rows], [r[5] for r in rows], units,
+                     [r[7] for r in rows], [r[8] for r in rows], [r[9] for r in rows], micros)
+    assert list(zip(*got, strict=True)) == want
+    assert row_hashes([None], [1], [1], [0], ["A"], [1], [1], ["B"], ["S"], [1]) == ([None],
+                                                                                    [None])
 
 
 # -- (b) property-based adversarial batches --------------------------------------------------

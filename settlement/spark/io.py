@@ -195,11 +195,12 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
     rows = (classified
             .select(what.alias("what"),
                     F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
-                    "kafka_partition", "_last_seq", *TRADE_SCHEMA.fieldNames())
+                    "kafka_partition", "_last_seq", "_row_hi", "_row_lo",
+                    *TRADE_SCHEMA.fieldNames())
             .groupBy("what", "d", "kafka_partition",
                      F.when(is_day, bucket_of(F.col("seq"))).alias("bucket"))
             .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"),
-                 *figure_columns(is_day))
+                 *figure_columns(is_day, (F.col("_row_hi"), F.col("_row_lo"))))
             .collect())
     facts = _KafkaFacts(0, {}, {}, 0, {}, [])
     for r in rows:

@@ -32,6 +32,7 @@ from functools import partial
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -80,11 +81,16 @@ CLASSIFIED_SCHEMA = StructType([
     # cancel fills trade_id, trade_date and seq only).
     StructField("_version", IntegerType()),  # a correction's
     StructField("_note", StringType()),  # a cancel's reason
+    # The canonical row's hash halves (``settlement.spark.figures.row_hashes``) of a row with
+    # a trade id: validation's checksums, taken where the fields are at hand already.
+    StructField("_row_hi", LongType()),
+    StructField("_row_lo", LongType()),
 ])
 # Arrow types of the output, built once per worker (the session time zone is UTC).
 _A_DATE = pa.date32()
 _A_PRICE = pa.decimal128(PRICE.precision, PRICE.scale)
 _A_TS = pa.timestamp("us", tz="UTC")
+_UNITS = pa.scalar(10_000, pa.decimal128(5, 0))  # a price times this: its 1/10,000ths
 _NO_TRADE = (None,) * 9
 _TRADE_B, _CLOSE_B = TRADE.encode(), CLOSE.encode()
 _CANCEL_B, _CORRECT_B = CANCEL.encode(), CORRECT.encode()
@@ -307,20 +313,32 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                     reasons[i], raws[i] = str(e), values[i]
                     continue
                 trades[i] = t
-            yield _output(batch, kinds, reasons, raws, trades, close_dates, last_seqs, dups,
-                          versions, notes)
+            yield _output(batch, partitions, kinds, reasons, raws, trades, close_dates,
+                          last_seqs, dups, versions, notes)
 
 
-def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
-            raws: list[bytes | None],
+def _output(batch: pa.RecordBatch, partitions: list[int], kinds: list[str],
+            reasons: list[str | None], raws: list[bytes | None],
             trades: list[tuple[object, ...]], close_dates: list[str | None],
             last_seqs: list[int | None], dups: list[bool], versions: list[int | None],
             notes: list[str | None]) -> pa.RecordBatch:
     """The verdicts as typed Arrow columns; the casts from the wire text are Arrow's (C),
-    exact, and cannot fail on text the contract accepted."""
+    exact, and cannot fail on text the contract accepted. The row hashes are taken of the
+    typed values (days, 1/10,000ths of the price, microseconds), as Spark's ``row_hash``
+    takes them of the typed columns."""
+    from settlement.spark.figures import row_hashes
+
     tid, tdate, seq, sym, price, qty, buyer, seller, at = (
         zip(*trades, strict=True) if trades else ((),) * 9)
     text = pa.string()
+    dates = pa.array(tdate, text).cast(_A_DATE)
+    prices = pa.array(price, text).cast(_A_PRICE)
+    times = pa.array(at, text).cast(_A_TS)
+    # A price times 10,000 is integral: the safe cast to int64 is exact or raises.
+    row_hi, row_lo = row_hashes(
+        tid, dates.cast(pa.int32()).to_pylist(), seq, partitions, sym,
+        pc.multiply(prices, _UNITS).cast(pa.int64()).to_pylist(), qty, buyer, seller,
+        times.cast(pa.int64()).to_pylist())
     return pa.RecordBatch.from_arrays([
         batch.column(0),
         batch.column(1),
@@ -328,17 +346,19 @@ def _output(batch: pa.RecordBatch, kinds: list[str], reasons: list[str | None],
         pa.array(kinds, text),
         pa.array(raws, pa.binary()),
         pa.array(tid, text),
-        pa.array(tdate, text).cast(_A_DATE),
+        dates,
         pa.array(seq, pa.int64()),
         pa.array(sym, text),
-        pa.array(price, text).cast(_A_PRICE),
+        prices,
         pa.array(qty, pa.int64()),
         pa.array(buyer, text),
         pa.array(seller, text),
-        pa.array(at, text).cast(_A_TS),
+        times,
         pa.array(close_dates, text).cast(_A_DATE),
         pa.array(last_seqs, pa.int64()),
         pa.array(dups, pa.bool_()),
         pa.array(versions, pa.int32()),
         pa.array(notes, text),
+        pa.array(row_hi, pa.int64()),
+        pa.array(row_lo, pa.int64()),
     ], names=CLASSIFIED_SCHEMA.fieldNames())
