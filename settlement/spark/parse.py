@@ -7,6 +7,9 @@ rules), and hands the verdicts back as typed Arrow columns (dates, ``decimal(18,
 and UTC timestamps converted by Arrow's C casts, never through a float). So a site and the
 end of day cannot disagree about a message, and ``tests/test_parity.py`` checks what is left
 to disagree about: the typed values against what PostgreSQL makes of a site's COPY line.
+The worker also hashes each trade's canonical row for validation's checksums
+(``settlement.spark.figures.row_hashes``): the fields are at hand there, and Spark's own
+expression of the hash cost the 2M day's counting pass 4-5 s.
 
 This replaced a classifier of Spark column expressions (``from_json``, a regex per rule and
 ``try_parse_json`` for the JSON rules Spark's reader does not check): fetching and

@@ -23,11 +23,12 @@ where e.topic = %(topic)s
 order by e.kafka_partition, e.from_offset
 
 -- name: day_figures
--- The day's checksums per bucket (settlement/validation/figures.py computes the same figures
--- in Spark): the trade count and the sums of the two 32-bit halves of a 64-bit hash of each
--- trade's canonical row: its fields as text joined by the unit separator (chr(31), which no
--- text field may hold), the date as days since 1970-01-01, the price in 1/10,000, executed_at
--- in microseconds since the epoch; hashed with md5 and cut to its first 8 bytes.
+-- The day's checksums per bucket (settlement/spark/figures.py computes the same figures
+-- in Spark, and the same row hash in Python for the Kafka classifier): the trade count and
+-- the sums of the two 32-bit halves of a 64-bit hash of each trade's canonical row: its
+-- fields as text joined by the unit separator (chr(31), which no text field may hold), the
+-- date as days since 1970-01-01, the price in 1/10,000, executed_at in microseconds since the
+-- epoch; hashed with md5 and cut to its first 8 bytes.
 select kafka_partition, bucket, count(*) as trades,
        sum(('x' || substr(h, 1, 8))::bit(32)::bigint) as row_hi,
        sum(('x' || substr(h, 9, 8))::bit(32)::bigint) as row_lo
