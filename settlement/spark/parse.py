@@ -59,6 +59,7 @@ from settlement.contract import (
     TRADE,
     TYPE_HEADER,
 )
+from settlement.spark.figures import row_hashes
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
 
 # What the classifier returns per message (``classify_kafka_values``).
@@ -329,8 +330,6 @@ def _output(batch: pa.RecordBatch, partitions: list[int], kinds: list[str],
     exact, and cannot fail on text the contract accepted. The row hashes are taken of the
     typed values (days, 1/10,000ths of the price, microseconds), as Spark's ``row_hash``
     takes them of the typed columns."""
-    from settlement.spark.figures import row_hashes
-
     tid, tdate, seq, sym, price, qty, buyer, seller, at = (
         zip(*trades, strict=True) if trades else ((),) * 9)
     text = pa.string()
