@@ -16,7 +16,7 @@ The canonical row and the hash are written three times: for Spark (``row_hash``)
 PostgreSQL (``sql/queries/ledger.sql``, ``day_figures``), and in Python for the Kafka
 classifier's workers (``row_hashes``: the day's hashes come with its verdicts, where the
 fields are at hand already, and the counting pass only sums them; Spark's expression cost the
-2M day's counting pass 4-5 s). ``tests/test_parity.py`` holds all three to the same hashes
+2M day's counting pass 3.8-5.8 s). ``tests/test_parity.py`` holds all three to the same hashes
 on the adversarial corpus stored in a real ledger. Every hashed field is
 compared trade by trade in the drill-down, so a bucket can only differ because a trade does.
 """

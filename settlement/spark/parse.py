@@ -9,7 +9,7 @@ end of day cannot disagree about a message, and ``tests/test_parity.py`` checks 
 to disagree about: the typed values against what PostgreSQL makes of a site's COPY line.
 The worker also hashes each trade's canonical row for validation's checksums
 (``settlement.spark.figures.row_hashes``): the fields are at hand there, and Spark's own
-expression of the hash cost the 2M day's counting pass 4-5 s.
+expression of the hash cost the 2M day's counting pass 3.8-5.8 s.
 
 This replaced a classifier of Spark column expressions (``from_json``, a regex per rule and
 ``try_parse_json`` for the JSON rules Spark's reader does not check): fetching and
