@@ -148,3 +148,49 @@ def test_a_poll_with_an_error_event_goes_message_by_message() -> None:
     assert site._parse_poll(poll) is None
     batch = site._parse(poll)
     _same(batch, site._parse_poll(msgs))  # the event is skipped, the rest is the same batch
+
+
+def _markers(day: str, partitions: list[int]) -> Batch:
+    return Batch(close_markers=[{"trade_date": day, "partition": p, "last_seq": 1,
+                                 "offset": 9, "raw": b"{}"} for p in partitions])
+
+
+def test_the_site_drains_to_look_for_the_close_only_when_its_markers_may_complete_it() -> None:
+    """A backlog read meets its partitions' markers one poll at a time: only the poll that
+    marks the last partition this site owns drains the pipeline to look (Site._may_close)."""
+    site = _site(range(4))
+    site.owned, site.marked = {0, 1, 2, 3}, {}
+    assert site._may_close(Batch(), DATE) is False  # no markers: the periodic look only
+    assert site._may_close(_markers(DATE, [0, 1]), DATE) is False
+    assert site._may_close(_markers("2026-11-20", [2, 3]), DATE) is False  # another day's
+    assert site._may_close(_markers(DATE, [1]), DATE) is False  # a replayed marker
+    assert site._may_close(_markers(DATE, [2, 3]), DATE) is True
+    assert site._may_close(_markers(DATE, [3]), DATE) is True  # still complete
+    # A member owning two partitions looks once its own two are marked.
+    member = _site(range(4))
+    member.owned, member.marked = {1, 3}, {}
+    assert member._may_close(_markers(DATE, [0, 1, 2]), DATE) is False
+    assert member._may_close(_markers(DATE, [3]), DATE) is True
+    # The day not known yet (no --date, nothing in the ledger): any marker looks, as before.
+    fresh = _site(range(4))
+    fresh.owned, fresh.marked = {0, 1, 2, 3}, {}
+    assert fresh._may_close(_markers(DATE, [0]), None) is True
+
+
+def test_the_last_batch_written_is_freed_whole_after_the_next_is_handed_over() -> None:
+    from concurrent.futures import Future
+
+    from consumers.site import FREE_SLICE, InFlight
+
+    msgs = _poll()
+    site = _site(range(4))
+    written = site._parse_poll(msgs)
+    assert written is not None and len(written.copy_lines) > FREE_SLICE // 2
+    written.copy_lines *= 5  # more lines than a slice
+    written.trade_messages *= 5
+    site.spent = InFlight(written, {}, Future())
+    site._release()
+    assert site.spent is None
+    assert written.copy_lines == [] and written.trade_messages == []
+    site._release()  # nothing spent: nothing to do
+    assert site.spent is None
