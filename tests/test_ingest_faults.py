@@ -194,7 +194,15 @@ def test_a_site_frozen_mid_batch_blocks_nobody_and_its_batch_is_refused(
     a = start_site("a", "shared", env, DAY1, tmp_path / "a.log",
                    {"SETTLE_FAILPOINT": "before_db_commit:3"})
     b = start_site("b", "shared", env, DAY1, tmp_path / "b.log")
-    time.sleep(3)  # both sites in the group before trading starts
+    # Both sites in the group, each having said which partitions it owns, before trading
+    # starts: the freeze comes a few batches in, and A's last beat must name its partitions.
+    def beaten(site: str) -> bool:
+        beat = rows(isolated, "shared", "select partitions from site_heartbeats where site = %s"
+                                        " order by beat_at desc, id desc limit 1", site)
+        return bool(beat and beat[0][0])
+
+    wait_for(lambda: beaten("a") and beaten("b"), 60, "both sites to own partitions")
+    time.sleep(1.5)  # a last rebalance settled: the next beats name the same partitions
     day = subprocess.Popen(
         [*SETTLE, "simulate", "--date", DAY1, "--trades", "12000", "--seed", "8",
          "--dup-rate", "0.01", "--abort-rate", "0.1", "--rate", "800", "--json"],
