@@ -231,7 +231,7 @@ class Site:
                     last_prune = now
                     self._prune()
                 may_close = opts.until_close and self._may_close(batch, day)
-                if opts.until_close and (now - last_close_check >= 1.0 or may_close):
+                if may_close or (opts.until_close and now - last_close_check >= 1.0):
                     # Markers that may close the day must be committed before we look for
                     # them. Any other look reads what is committed (on the aux connection; the
                     # finally block drains before we stop) and needs no drain: draining empties
