@@ -117,6 +117,7 @@ def eod_settlement() -> None:
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
             pool=orch.SPARK_POOL,
+            execution_timeout=orch.settle_timeout(SETTINGS),
         )
 
     @task(trigger_rule="none_failed_min_one_success", outlets=[orch.settled_day_asset()])

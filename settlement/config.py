@@ -238,11 +238,12 @@ class Settings(BaseSettings):
     # One close per trade date (settlement/eod/lease.py): a close holding the date renews its
     # lease every third of close_lease_seconds; one that stops renewing that long (paused, its
     # host lost) is taken over. A second close waits up to close_wait_seconds for the first
-    # and then reports its outcome.
+    # and then reports its outcome (or settles the date itself when the first crashed); the
+    # DAG's settle task allows this wait plus an hour (orchestration.tasks.settle_timeout).
     close_lease_seconds: float = Field(30.0, ge=3, le=3600)
     site_name: str | None = Field(None, max_length=64, description="the site this close runs "
                                   "at (a, b...): named in its lease and in `settle status`")
-    close_wait_seconds: float = Field(3600.0, ge=0, le=24 * 3600)
+    close_wait_seconds: float = Field(1800.0, ge=0, le=24 * 3600)
 
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "

@@ -2,10 +2,15 @@
 publication and outcome of ``settlement.eod``, with the Spark computation left out (the
 day's results are empty: the lease, not the netting, is under test).
 
-``python -m tests.lease_worker DATE GO_FILE``: takes the date's lease (or joins), starts a
-run, prints ``{"held": run_id}``, waits until GO_FILE exists (at most 120 s), publishes and
+``python -m tests.lease_worker DATE GO_FILE [MODE]``: takes the date's lease (or joins),
+starts a run, prints ``{"held": run_id}``, waits until GO_FILE exists (at most 120 s), publishes and
 finishes the run, prints ``{"published": run_id}``. Exit 3 with ``{"lost": why}`` when the
-lease was lost before publishing.
+lease was lost before publishing. MODE:
+
+- ``slow-publish=S``: the publishing transaction sleeps S seconds after its fence (a large
+  day's publication, or a slow server), holding the lease row as a real one does;
+- ``crash``: instead of publishing, the run fails as a transient error fails it (no
+  validation verdict), exit 1.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from settlement.eod.model import SourceChoice
 from settlement.eod.pipeline import finish_run, publish, start_run
 
 
-def main(trade_date: str, go_file: str) -> int:
+def main(trade_date: str, go_file: str, mode: str = "") -> int:
     settings = load_settings().for_component("settlement")
     got = close_lease.acquire(settings, trade_date, ttl=settings.close_lease_seconds,
                               wait_seconds=settings.close_wait_seconds,
@@ -37,6 +42,19 @@ def main(trade_date: str, go_file: str) -> int:
         deadline = time.monotonic() + 120
         while not Path(go_file).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        if mode == "crash":
+            finish_run(settings, run_id, "failed", {},
+                       error="OperationalError: the connection was reset (lease test)")
+            print(json.dumps({"crashed": run_id}), flush=True)
+            return 1
+        if mode.startswith("slow-publish="):
+            fence, delay = got.check_fence, float(mode.split("=", 1)[1])
+
+            def slow_fence(conn: object) -> None:
+                fence(conn)  # type: ignore[arg-type]
+                time.sleep(delay)  # inside the publishing transaction, the row locked
+
+            got.check_fence = slow_fence  # type: ignore[method-assign]
         try:
             publish(settings, run_id, trade_date, None, got)
             finish_run(settings, run_id, "succeeded", {})
@@ -50,4 +68,4 @@ def main(trade_date: str, go_file: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:4]))

@@ -24,9 +24,10 @@ from tests.helpers import ROOT
 DAY = "2026-11-19"
 
 
-def _worker(env: dict[str, str], go: Path, ttl: float = 30) -> subprocess.Popen[str]:
+def _worker(env: dict[str, str], go: Path, ttl: float = 30,
+            mode: str = "") -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.lease_worker", DAY, str(go)], cwd=ROOT,
+        [sys.executable, "-m", "tests.lease_worker", DAY, str(go), mode], cwd=ROOT,
         env={**env, "SETTLE_CLOSE_LEASE_SECONDS": str(ttl)}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
 

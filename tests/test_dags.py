@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from settlement.config import load_settings
 from tests.helpers import ROOT
 
 DAG_FILES = sorted((ROOT / "dags").glob("*.py"))
@@ -88,6 +90,12 @@ def test_eod_shape(dags: dict) -> None:
         flag = args[args.index("--only-if-unsettled") + 1]
         assert flag == "{{ 'no' if params.rerun else 'yes' }}", flag
         assert dag.get_task(f"settle_from_{source}").application.endswith("spark/submit.py")
+        # A close may wait for the other site's close and then settle the day itself: Airflow
+        # must not kill it before its own wait bound can say why (that bound once equalled
+        # the timeout).
+        wait = dt.timedelta(seconds=load_settings().close_wait_seconds)
+        assert dag.get_task(f"settle_from_{source}").execution_timeout >= wait + \
+            dt.timedelta(minutes=30)
 
 
 def test_airflow_hygiene(dags: dict) -> None:

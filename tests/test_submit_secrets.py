@@ -77,6 +77,19 @@ def test_a_remote_driver_without_a_mounted_pgpass_file_is_refused(tmp_path: Path
                    tmp_path, None)
 
 
+@pytest.mark.parametrize("master", ["spark://127.0.0.1:7077", "local[2]"])
+def test_cluster_mode_on_a_master_that_cannot_run_the_driver_remotely_is_refused(
+        master: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standalone master in cluster mode was once taken for a local driver: its driver, on
+    a worker, would have got neither the DSNs' passwords nor the pgpass file."""
+    from settlement.orchestration.operators import secure_hook
+
+    hook = _hook(master, "cluster", monkeypatch)
+    with pytest.raises(ConfigError, match="deploy-mode to 'client'"):
+        secure_hook(hook, _settings(master), tmp_path)
+    assert not (tmp_path / "pgpass").exists()  # no password written for a driver elsewhere
+
+
 def test_a_dsn_without_a_password_keeps_its_own_pgpass_file(tmp_path: Path) -> None:
     embedded = "postgresql://settle_settlement@127.0.0.1:5432/settlement?passfile=/state/pgpass"
     assert split_password(embedded, str(tmp_path / "pgpass")) == (embedded, None)

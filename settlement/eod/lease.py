@@ -16,6 +16,14 @@ A close that finds the lease held waits (bounded, saying so every few seconds) a
 If that holder died instead, the waiter takes over and its predecessor's run becomes
 ``abandoned``. Publication checks the token inside its transaction (``check_fence``), so a
 close that lost its lease can never publish over the one that took it.
+
+Faults the lease rides out (issue 42): a holder publishing for longer than its lease holds the
+row (the fence locks it), and the function that ends expired closes skips a locked row, so a
+publishing holder is never ended; a renewal that fails reconnects and takes its own lease back
+(the row still carries its token) or tells the close it lost the date, which then stops at its
+next step (``ensure_held``); after a server restart a waiter lets the holder come back until
+its lease expires; a waiter whose holder's run crashed (no validation verdict) computes the
+day itself instead of inheriting that failure.
 """
 
 from __future__ import annotations
@@ -32,9 +40,13 @@ import psycopg
 
 from settlement.config import LEDGERS, Settings
 from settlement.db import q
+from settlement.errors import redact
 
 POLL_SECONDS = 0.5
 SAY_EVERY_SECONDS = 10.0
+# How long a waiter keeps reconnecting to a settlement database that went away under it (a
+# restart takes seconds, a failover tens of seconds): then it gives up, saying why.
+RECONNECT_SECONDS = 120.0
 
 
 class LeaseLost(Exception):
@@ -56,6 +68,14 @@ class Holder:
     released: bool
     expired: bool
     held_seconds: float
+    run_status: str | None = None
+    run_verdict: bool | None = None  # the run's validation_success: None = no verdict
+    renewed_before_restart: bool = False
+
+    @property
+    def crashed(self) -> bool:
+        """Its run failed before any validation verdict (an error, not the day's fault)."""
+        return self.run_status == "failed" and self.run_verdict is None
 
     def describe(self) -> str:
         run = f"run {self.run_id}" if self.run_id is not None else "a close (no run yet)"
@@ -79,9 +99,14 @@ class Lease:
     holder: str
     ttl: float
     conn: psycopg.Connection
+    dsn: str  # the settlement database, to reconnect to
     abandoned: list[int] = field(default_factory=list)
+    # Why this close no longer holds the date, once the renewal found out (None: held).
+    lost: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    # The lease session is used by the renewal thread and the close's own thread.
+    _conn_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _params(self, **more: Any) -> dict[str, Any]:
         return {"trade_date": self.trade_date, "token": self.token, "ttl": self.ttl, **more}
@@ -93,17 +118,72 @@ class Lease:
 
     def _renew_loop(self) -> None:
         # A third of the lease between renewals: two can fail (a slow server) before a
-        # waiter may end this session. Renewing stops once the row or the session is gone;
-        # the fence in the publishing transaction is what refuses the publication.
+        # waiter may end this session. A renewal waits while this close publishes (the fence
+        # locks the row), which is safe: nobody ends a session whose row is locked.
+        last_renewed = time.monotonic()
         while not self._stop.wait(self.ttl / 3):
             try:
-                if self.conn.execute(q("lease", "renew"), self._params()).rowcount != 1:
-                    return  # another close took the row over
-            except psycopg.Error:
-                return  # the lease session ended
+                with self._conn_lock:
+                    renewed = self.conn.execute(q("lease", "renew"), self._params()).rowcount
+                if renewed != 1:
+                    self._lose("its lease row was taken over by another close")
+                    return
+                last_renewed = time.monotonic()
+                continue
+            except psycopg.Error as e:
+                why = f"{type(e).__name__}: {str(e).strip()}"
+            # The session went away (a server restart, a cut connection, this close paused
+            # past its lease and ended by a waiter): take the lease back on a new session while
+            # the row still names this close, until the lease would have run out.
+            while not self._stop.is_set():
+                verdict = self._retake()
+                if verdict is None:
+                    last_renewed = time.monotonic()
+                    break
+                if verdict or time.monotonic() - last_renewed > self.ttl:
+                    self._lose(verdict or f"its lease could not be renewed for {self.ttl:.0f}s "
+                               f"(SETTLE_CLOSE_LEASE_SECONDS): {redact(why)}")
+                    return
+                self._stop.wait(POLL_SECONDS)
+
+    def _retake(self) -> str | None:
+        """Take this close's lease back on a new session: None when done, "" to try again
+        later (the server is not back, or the old session still holds the lock), or why the
+        lease is lost for good (another close holds it now)."""
+        try:
+            conn = _lease_connection(self.dsn, self.trade_date, self.ttl)
+        except psycopg.Error:
+            return ""
+        try:
+            if not conn.execute(q("lease", "try_lock"), self._params()).fetchone()[0]:  # type: ignore[index]
+                row = _lease_row(conn, self.trade_date)
+                conn.close()
+                if row is None or row.token != self.token or row.released:
+                    return "another close took the date over while its lease session was away"
+                return ""  # the old session has not ended yet: its lock goes with it
+            if conn.execute(q("lease", "retake"), self._params()).rowcount != 1:
+                conn.close()
+                return "another close took the date over while its lease session was away"
+        except psycopg.Error:
+            conn.close()
+            return ""
+        with self._conn_lock:
+            old, self.conn = self.conn, conn
+        old.close()
+        return None
+
+    def _lose(self, why: str) -> None:
+        self.lost = (f"the close of {self.trade_date} lost its lease ({why}): stopping; the "
+                     "close that holds the date now settles it")
+
+    def ensure_held(self) -> None:
+        """Between the close's steps: stop early once the renewal found the lease lost."""
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
 
     def attach(self, run_id: int) -> None:
-        self.conn.execute(q("lease", "attach_run"), self._params(run_id=run_id))
+        with self._conn_lock:
+            self.conn.execute(q("lease", "attach_run"), self._params(run_id=run_id))
 
     def check_fence(self, conn: psycopg.Connection) -> None:
         """In the publishing transaction: the row still holds this close's token (and stays
@@ -121,14 +201,15 @@ class Lease:
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
-        try:
-            self.conn.execute(q("lease", "release"), self._params())
-            self.conn.execute(q("lease", "unlock"), self._params())
-        except psycopg.Error:
-            pass  # the session is gone: the server released the lock with it
-        finally:
-            self.conn.close()
+            self._thread.join(timeout=15)
+        with self._conn_lock:
+            try:
+                self.conn.execute(q("lease", "release"), self._params())
+                self.conn.execute(q("lease", "unlock"), self._params())
+            except psycopg.Error:
+                pass  # the session is gone: the server released the lock with it
+            finally:
+                self.conn.close()
 
 
 def holder_name(site: str | None) -> str:
@@ -139,13 +220,14 @@ def _lease_row(conn: psycopg.Connection, trade_date: str) -> Holder | None:
     row = conn.execute(q("lease", "lease"), {"trade_date": trade_date}).fetchone()
     if row is None:
         return None
-    token, run_id, holder, pid, _acquired, released, expired, held = row
+    (token, run_id, holder, pid, _acquired, released, expired, held, run_status, verdict,
+     before_restart) = row
     return Holder(int(token), run_id, holder, int(pid), released is not None, bool(expired),
-                  float(held))
+                  float(held), run_status, verdict, bool(before_restart))
 
 
-def _lease_connection(settings: Settings, trade_date: str, ttl: float) -> psycopg.Connection:
-    conn = psycopg.connect(settings.settlement_dsn, autocommit=True, connect_timeout=10,
+def _lease_connection(dsn: str, trade_date: str, ttl: float) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10,
                            application_name=f"settle-close {trade_date}")
     # The server notices a vanished host within about a lease (TCP logins; a Unix socket
     # ignores these): then the lock is freed without waiting for an expiry.
@@ -162,54 +244,119 @@ def acquire(settings: Settings, trade_date: str, *, ttl: float, wait_seconds: fl
 
     Returns a held ``Lease`` (this close computes the day; runs its dead predecessors left
     ``running`` are now ``abandoned``), or ``Joined`` naming the run that finished while
-    this close waited. Raises ``LeaseWaitTimeout`` after ``wait_seconds``.
+    this close waited. Raises ``LeaseWaitTimeout`` after ``wait_seconds``. A settlement
+    database that goes away while this close waits (a restart, a failover) is reconnected
+    to for up to ``RECONNECT_SECONDS``.
     """
-    conn = _lease_connection(settings, trade_date, ttl)
-    params = {"trade_date": trade_date}
-    t0 = time.monotonic()
-    waited_for: Holder | None = None  # the newest live holder seen while waiting
-    next_say = t0
-    ended: set[int] = set()
+    waiting = _Waiting(settings, trade_date, ttl, say)
+    conn = _lease_connection(settings.settlement_dsn, trade_date, ttl)
     try:
         while True:
-            if conn.execute(q("lease", "try_lock"), params).fetchone()[0]:  # type: ignore[index]
-                row = _lease_row(conn, trade_date)
-                waited = time.monotonic() - t0
-                # Joined only if the close waited for finished a run: one that found the
-                # date already settled leaves none, and this close goes on by itself.
-                if (waited_for is not None and row is not None and row.token == waited_for.token
-                        and row.released and row.run_id is not None):
-                    conn.execute(q("lease", "unlock"), params)
-                    conn.close()
-                    return Joined(row.run_id, round(waited, 3))
-                return _take(conn, settings, trade_date, ttl, row)
-            row = _lease_row(conn, trade_date)
-            if row is not None and not row.released:
-                waited_for = row
-                if row.expired and row.backend_pid not in ended:
-                    # Paused or cut off past its lease: end its lease session so the lock
-                    # frees; its token is replaced when this close takes the lease.
-                    say(f"{trade_date}: the close's lease expired ({row.describe()}): ending "
-                        "its session to take over")
-                    conn.execute(q("lease", "end_expired"), params)
-                    ended.add(row.backend_pid)
-            now = time.monotonic()
-            if now - t0 > wait_seconds:
-                who = waited_for.describe() if waited_for else "another close"
-                raise LeaseWaitTimeout(
-                    f"the close of {trade_date} is held by {who}; gave up after "
-                    f"{wait_seconds:.0f}s (SETTLE_CLOSE_WAIT_SECONDS); `settle status` shows "
-                    "the close in progress")
-            if now >= next_say:
-                who = waited_for.describe() if waited_for else "another close"
-                say(f"{trade_date}: waiting for the close in progress ({who}) to finish, "
-                    f"then joining it ({now - t0:.0f}s so far)")
-                next_say = now + SAY_EVERY_SECONDS
+            try:
+                got = waiting.step(conn)
+            except psycopg.OperationalError as e:
+                if not conn.broken:
+                    raise
+                conn = waiting.reconnect(e)
+                continue
+            if got is not None:
+                return got
+            waiting.check_bound(wait_seconds)
             time.sleep(POLL_SECONDS)
     except BaseException:
         if not conn.closed:
             conn.close()  # the lock, if taken, goes with the session
         raise
+
+
+@dataclass
+class _Waiting:
+    """What a close waiting for its date's lease has seen so far."""
+
+    settings: Settings
+    trade_date: str
+    ttl: float
+    say: Callable[[str], None]
+    t0: float = field(default_factory=time.monotonic)
+    waited_for: Holder | None = None  # the newest live holder seen while waiting
+    next_say: float = 0.0
+    ended: set[int] = field(default_factory=set)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"trade_date": self.trade_date}
+
+    def step(self, conn: psycopg.Connection) -> Lease | Joined | None:
+        """One look: the lease taken, the close waited for joined, or None (wait on)."""
+        if conn.execute(q("lease", "try_lock"), self.params).fetchone()[0]:  # type: ignore[index]
+            return self._locked(conn, _lease_row(conn, self.trade_date))
+        row = _lease_row(conn, self.trade_date)
+        if row is not None and not row.released:
+            self.waited_for = row
+            # Paused or cut off past its lease: end its lease session so the lock frees (the
+            # server refuses while it publishes: its row is locked); its token is replaced
+            # when this close takes the lease.
+            if (row.expired and row.backend_pid not in self.ended
+                    and conn.execute(q("lease", "end_expired"), self.params).fetchone()[0]):  # type: ignore[index]
+                self.say(f"{self.trade_date}: the close's lease expired ({row.describe()}): "
+                         "ended its session to take over")
+                self.ended.add(row.backend_pid)
+        return None
+
+    def _locked(self, conn: psycopg.Connection, row: Holder | None) -> Lease | Joined | None:
+        """This close holds the date's lock: take the lease, join, or give it back."""
+        d = self.trade_date
+        if (row is not None and not row.released and not row.expired
+                and row.renewed_before_restart):
+            # Its holder's session ended with the server, not with the holder: let it take
+            # its lease back until the lease runs out.
+            conn.execute(q("lease", "unlock"), self.params)
+            self.waited_for = row
+            return None
+        waited = round(time.monotonic() - self.t0, 3)
+        # Joined only if the close waited for finished a run: one that found the date
+        # already settled leaves none, and this close goes on by itself.
+        if (self.waited_for is not None and row is not None
+                and row.token == self.waited_for.token and row.released
+                and row.run_id is not None):
+            if not row.crashed:
+                conn.execute(q("lease", "unlock"), self.params)
+                conn.close()
+                return Joined(row.run_id, waited)
+            self.say(f"{d}: run {row.run_id}, which this close waited for, failed without a "
+                     "validation verdict (an error, not the day's data): this close settles "
+                     "the date itself")
+        return _take(conn, self.settings, d, self.ttl, row)
+
+    def reconnect(self, error: psycopg.OperationalError) -> psycopg.Connection:
+        """A new lease session after the server went away, retried for RECONNECT_SECONDS."""
+        self.say(f"{self.trade_date}: the settlement database went away while waiting for the "
+                 f"close ({redact(str(error).strip())}): reconnecting")
+        deadline = time.monotonic() + RECONNECT_SECONDS
+        while True:
+            try:
+                return _lease_connection(self.settings.settlement_dsn, self.trade_date,
+                                         self.ttl)
+            except psycopg.OperationalError as e:
+                if time.monotonic() > deadline:
+                    raise LeaseWaitTimeout(
+                        f"the settlement database stayed unreachable for "
+                        f"{RECONNECT_SECONDS:.0f}s while the close of {self.trade_date} "
+                        f"waited for its lease: {redact(str(e).strip())}") from None
+                time.sleep(POLL_SECONDS)
+
+    def check_bound(self, wait_seconds: float) -> None:
+        now = time.monotonic()
+        who = self.waited_for.describe() if self.waited_for else "another close"
+        if now - self.t0 > wait_seconds:
+            raise LeaseWaitTimeout(
+                f"the close of {self.trade_date} is held by {who}; gave up after "
+                f"{wait_seconds:.0f}s (SETTLE_CLOSE_WAIT_SECONDS); `settle status` shows "
+                "the close in progress")
+        if now >= self.next_say:
+            self.say(f"{self.trade_date}: waiting for the close in progress ({who}) to "
+                     f"finish, then joining it ({now - self.t0:.0f}s so far)")
+            self.next_say = now + SAY_EVERY_SECONDS
 
 
 def _take(conn: psycopg.Connection, settings: Settings, trade_date: str, ttl: float,
@@ -223,31 +370,53 @@ def _take(conn: psycopg.Connection, settings: Settings, trade_date: str, ttl: fl
               + f"and {holder} took the close over (token {token})")
     abandoned = [int(r[0]) for r in conn.execute(q("lease", "abandon_running"), {
         "trade_date": trade_date, "reason": reason})]
-    lease = Lease(trade_date, token, holder, ttl, conn, abandoned=abandoned)
+    lease = Lease(trade_date, token, holder, ttl, conn, settings.settlement_dsn,
+                  abandoned=abandoned)
     lease.start_renewing()
     return lease
 
 
-def markers_at(settings: Settings, trade_date: str) -> Any:
-    """When the newest close marker of the date reached any reachable ledger (None: none)."""
-    newest = None
+def marker_offsets(settings: Settings, trade_date: str) -> dict[int, int] | str:
+    """partition -> the Kafka offset of the date's newest close marker over every ledger, or
+    why that cannot be known (an unreachable ledger may hold a marker nobody has seen)."""
+    newest: dict[int, int] = {}
     for ledger in LEDGERS:
         try:
             with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
-                row = conn.execute(q("eod", "last_marker_at"),
-                                   {"trade_date": trade_date}).fetchone()
-        except psycopg.Error:
-            continue  # an unreachable or unused ledger holds no markers we could use
-        if row is not None and row[0] is not None and (newest is None or row[0] > newest):
-            newest = row[0]
+                rows = conn.execute(q("eod", "marker_offsets"),
+                                    {"trade_date": trade_date}).fetchall()
+        except psycopg.Error as e:
+            return f"ledger {ledger} is unreachable ({redact(str(e).strip())})"
+        for p, offset in rows:
+            newest[int(p)] = max(newest.get(int(p), -1), int(offset))
     return newest
 
 
-def settled_by(settings: Settings, trade_date: str) -> int | None:
-    """The run that already settled the date: published, passed validation, and started
-    after the day's newest close marker arrived. None: the date needs a close."""
-    at = markers_at(settings, trade_date)
+def settled_by(settings: Settings, trade_date: str,
+               say: Callable[[str], None] | None = None) -> int | None:
+    """The run that already settled the date: published, passed validation, and chosen when
+    the ledgers held every close marker they hold now (a new or amended marker, a later
+    offset, means the day changed). Offsets, not clocks: the ledgers' and the settlement
+    database's clocks are two servers'. None: the date needs a close."""
     with psycopg.connect(settings.settlement_dsn, connect_timeout=10) as conn:
-        row = conn.execute(q("lease", "settled_by"),
-                           {"trade_date": trade_date, "markers_at": at}).fetchone()
-    return None if row is None else int(row[0])
+        row = conn.execute(q("lease", "settled_by"), {"trade_date": trade_date}).fetchone()
+    if row is None:
+        return None
+    run_id, seen = int(row[0]), row[1]
+    now = marker_offsets(settings, trade_date)
+    note = say or (lambda _line: None)
+    if isinstance(now, str):
+        note(f"{trade_date}: cannot tell whether run {run_id} saw every close marker: {now}; "
+             "settling the date again")
+        return None
+    if seen is None:
+        note(f"{trade_date}: run {run_id} recorded no close markers it settled against (a run "
+             "older than this check): settling the date again")
+        return None
+    recorded = {int(p): int(o) for p, o in seen.items()}
+    newer = sorted(p for p, o in now.items() if o > recorded.get(p, -1))
+    if newer:
+        note(f"{trade_date}: close markers arrived after run {run_id} was chosen (partitions "
+             f"{', '.join(map(str, newer))}): settling the date again")
+        return None
+    return run_id

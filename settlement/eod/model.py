@@ -208,6 +208,16 @@ class SourceChoice:
                 out[p] = max(out.get(p, 0), m.last_seq)
         return out
 
+    def marker_offsets(self) -> dict[str, int]:
+        """partition (as text, a JSON key) -> Kafka offset of the day's newest close marker over
+        every reachable ledger: what the run was chosen against, recorded with it so that a
+        later close can tell whether the day changed since (``lease.settled_by``)."""
+        out: dict[str, int] = {}
+        for st in self.states.values():
+            for p, m in st.markers.items():
+                out[str(p)] = max(out.get(str(p), -1), m.offset)
+        return out
+
     def ledgers_with_trades(self) -> tuple[str, ...]:
         return tuple(n for n, st in self.states.items() if st.trades)
 

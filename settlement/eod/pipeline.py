@@ -39,7 +39,8 @@ def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
     with connect(settings.settlement_dsn) as conn:
         row = conn.execute(q("eod", "start_run"), {
             "trade_date": trade_date, "source": choice.source, "source_reason": choice.reason,
-            "offsets": json.dumps(choice.as_dict()),
+            "offsets": json.dumps({**choice.as_dict(),
+                                   "marker_offsets": choice.marker_offsets()}),
             "holder": None if lease is None else lease.holder,
             "token": None if lease is None else lease.token,
         }).fetchone()
@@ -165,7 +166,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         for run in got.abandoned:
             say(f"run {run} of {trade_date} was left running by a close that stopped: "
                 "recorded abandoned; this close takes over")
-        done = settled_by(settings, trade_date) if only_if_unsettled else None
+        done = settled_by(settings, trade_date, say) if only_if_unsettled else None
         if done is not None:
             say(f"{trade_date}: already settled by run {done} (published after the day's "
                 "close markers): nothing to do; rerun to settle it again")
@@ -224,16 +225,22 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         ahead = ledger_figures_ahead(settings, choice, trade_date) if validate else {}
         say("starting Spark")
         spark = build_session(settings, app_name=f"settlement-{trade_date}")
+        # Between steps: a close whose renewal found the lease lost stops here, not after
+        # computing a day it may not publish.
+        lease.ensure_held()
         say(f"reading the day from {choice.source}")
         read = _timed(timings, "read", lambda: read_day(spark, settings, choice, trade_date))
+        lease.ensure_held()
         say("settling (dedupe and netting)")
         settled = _timed(timings, "settle",
                          lambda: settle_day(read, trade_date, choice.source))
+        lease.ensure_held()
         result = settled.result
         result.timings = {**timings, **result.timings}
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
         outcome = None
         if validate:
+            lease.ensure_held()
             say("validating (Great Expectations)")
             outcome = _timed(result.timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, settled.trades, result.positions,

@@ -10,7 +10,10 @@ Environment tab all show. So the job's DSNs carry no password, only ``passfile=`
   mode the provider would otherwise put it into driverEnv, which a local driver never
   sees, and the job would silently fall back to inherited settings);
 - a driver elsewhere (k8s or YARN in cluster mode) reads the pgpass file mounted into it,
-  whose path is ``SETTLE_SPARK_PGPASSFILE``; without it the task refuses to submit.
+  whose path is ``SETTLE_SPARK_PGPASSFILE``; without it the task refuses to submit;
+- cluster mode on any other master (a standalone ``spark://`` cluster) is refused with the
+  reason: Spark runs no Python application's driver on a standalone worker, and the provider
+  could pass it no environment either, so it would start with neither DSNs nor passwords.
 """
 
 from __future__ import annotations
@@ -30,8 +33,19 @@ REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|dsn|passfile"
 
 
 def remote_driver(master: str, deploy_mode: str | None) -> bool:
-    """True when the driver runs on another machine than spark-submit."""
-    return deploy_mode == "cluster" and (master.startswith("k8s://") or "yarn" in master)
+    """True when the driver runs on another machine than spark-submit. Cluster mode on a
+    master that cannot run this job's driver remotely is refused (``ConfigError``)."""
+    if deploy_mode != "cluster":
+        return False
+    if master.startswith("k8s://") or "yarn" in master:
+        return True
+    raise ConfigError(
+        f"the spark_default connection asks for deploy mode 'cluster' on master {master}: "
+        "Spark runs no Python application's driver on a standalone cluster's worker (spark-"
+        "submit refuses it), and such a driver would get neither the job's DSNs nor their "
+        "passwords. Set the connection's deploy-mode to 'client' (the driver runs beside "
+        "the Airflow worker, the executors on the cluster), or use a k8s:// or YARN master "
+        "with SETTLE_SPARK_PGPASSFILE")
 
 
 def _escape(field: str) -> str:

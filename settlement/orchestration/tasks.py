@@ -28,6 +28,10 @@ EOD_TIMEZONE = os.environ.get("SETTLE_EOD_TIMEZONE", "America/New_York")
 # Spark jobs take one slot of this pool (created by `make airflow`, `settle demo` and
 # docker-compose's airflow-init), so two settlements never fight over two cores.
 SPARK_POOL = "spark"
+# The settle task may wait for another site's close of the date (SETTLE_CLOSE_WAIT_SECONDS)
+# and then compute the day itself (its holder crashed): its timeout covers both, so the
+# wait's own bound fires first and says why, instead of Airflow killing a silent waiter.
+SETTLE_COMPUTE_ALLOWANCE = dt.timedelta(hours=1)
 SPARK_POOL_DESCRIPTION = "one Spark settlement job at a time"
 # Downstream DAGs schedule on this asset: an event per published trading day, its extra
 # naming the date, the run and the report.
@@ -173,6 +177,11 @@ def close_markers_in(settings: Settings, trade_date: str) -> tuple[bool, str]:
         if len(st.markers) >= settings.partitions:
             return True, f"ledger {name} has all {settings.partitions} close markers"
     return False, "waiting for close markers (" + ", ".join(seen) + ")"
+
+
+def settle_timeout(settings: Settings) -> dt.timedelta:
+    """The settle task's execution_timeout: the longest wait for another close, then a close."""
+    return dt.timedelta(seconds=settings.close_wait_seconds) + SETTLE_COMPUTE_ALLOWANCE
 
 
 def spark_jars_csv(settings: Settings) -> str:

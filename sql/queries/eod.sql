@@ -113,7 +113,9 @@ limit 1
 -- replacement of the rows are then one step.
 select pg_advisory_xact_lock(hashtextextended('publish ' || %(trade_date)s::text, 0))
 
--- name: last_marker_at
--- When the newest close marker of the date reached this ledger (a scheduled close settles
--- a day again only if its markers changed after the published run started).
-select max(ingested_at) from close_markers where trade_date = %(trade_date)s
+-- name: marker_offsets
+-- Where each partition's close marker of the date sits in Kafka (a scheduled close settles a
+-- day again only if a marker is newer than those its published run was chosen against).
+select kafka_partition, max(kafka_offset) from close_markers
+where trade_date = %(trade_date)s
+group by kafka_partition

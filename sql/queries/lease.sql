@@ -1,16 +1,21 @@
 -- Named statements of the close lease (settlement/eod/lease.py; table in migration 0008).
 
 -- name: try_lock
--- The date's close lock, held by this session until it ends or unlocks.
-select pg_try_advisory_lock(hashtextextended('close ' || %(trade_date)s::text, 0))
+-- The date's close lock, held by this session until it ends or unlocks (key: migration 0010).
+select pg_try_advisory_lock(close_lease_key(%(trade_date)s::date))
 
 -- name: unlock
-select pg_advisory_unlock(hashtextextended('close ' || %(trade_date)s::text, 0))
+select pg_advisory_unlock(close_lease_key(%(trade_date)s::date))
 
 -- name: lease
-select token, run_id, holder, backend_pid, acquired_at, released_at,
-       expires_at < now(), extract(epoch from now() - acquired_at)
-from close_leases where trade_date = %(trade_date)s
+-- The row as a waiter sees it, with the outcome of the run it names and whether it was last
+-- renewed before this server started (its holder's session died with a restart, not with
+-- its holder: it may come back and take its lease again until the lease expires).
+select l.token, l.run_id, l.holder, l.backend_pid, l.acquired_at, l.released_at,
+       l.expires_at < now(), extract(epoch from now() - l.acquired_at),
+       r.status, r.validation_success, l.renewed_at < pg_postmaster_start_time()
+from close_leases l left join settlement_runs r on r.run_id = l.run_id
+where l.trade_date = %(trade_date)s
 
 -- name: take
 -- Called with the lock held: this session is the date's only close, whatever the row said.
@@ -39,6 +44,15 @@ update close_leases
 set renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s)
 where trade_date = %(trade_date)s and token = %(token)s and released_at is null
 
+-- name: retake
+-- A holder whose lease session ended (a server restart, a cut connection) and that holds the
+-- date's lock again on a new session: the lease is still its own only if the row still
+-- carries its token, unreleased.
+update close_leases
+set backend_pid = pg_backend_pid(), renewed_at = now(),
+    expires_at = now() + make_interval(secs => %(ttl)s)
+where trade_date = %(trade_date)s and token = %(token)s and released_at is null
+
 -- name: release
 update close_leases set released_at = now()
 where trade_date = %(trade_date)s and token = %(token)s and released_at is null
@@ -49,21 +63,21 @@ select end_expired_close(%(trade_date)s)
 -- name: fence
 -- Inside the publishing transaction: the row stays locked until commit, so a close taking
 -- the lease meanwhile waits for this publication and never interleaves with it. A token is
--- only good while its lease session lives: once a waiter has ended an expired holder's
--- session, that holder cannot publish even before the waiter replaces the token.
-select l.token, exists (select 1 from pg_stat_activity a where a.pid = l.backend_pid)
+-- only good while its lease session holds the date's lock: once a waiter has ended an expired
+-- holder's session, that holder cannot publish even before the waiter replaces the token (a
+-- live pid alone proves nothing: a new session may carry the number after a restart).
+select l.token, close_lock_held(l.trade_date, l.backend_pid)
 from close_leases l
 where l.trade_date = %(trade_date)s
 for update of l
 
 -- name: settled_by
--- The date's published run if it passed validation (not forced through) and started after
--- the newest close marker the ledgers hold (%(markers_at)s, null when none is known).
-select r.run_id, r.started_at
+-- The date's published run if it passed validation (not forced through), with the close
+-- markers it was chosen against (settlement_runs.offsets, written by start_run).
+select r.run_id, r.offsets -> 'marker_offsets'
 from published_days p join settlement_runs r on r.run_id = p.run_id
 where p.trade_date = %(trade_date)s and r.validation_success
   and r.accepted_incomplete is null
-  and (%(markers_at)s::timestamptz is null or r.started_at >= %(markers_at)s::timestamptz)
 
 -- name: closes_in_progress
 select l.trade_date, l.run_id, l.holder, l.acquired_at, l.expires_at < now(), l.token
