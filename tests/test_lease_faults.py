@@ -247,3 +247,26 @@ def test_settled_by_compares_marker_offsets_never_two_servers_clocks(
     gone = s.model_copy(update={"ledger_b_dsn": "postgresql://nobody@127.0.0.1:1/ledger_b"})
     assert close_lease.settled_by(gone, DAY, said.append) is None
     assert "ledger b is unreachable" in said[-1], said
+
+
+def test_a_close_whose_renewal_finds_the_lease_taken_stops_at_its_next_step(
+        isolated: Isolated) -> None:
+    """The renewal used to stop for good on its first error and tell nobody: the close went
+    on computing a day it could not publish. Now it reconnects; finding the date taken over,
+    it tells the close, which stops between its steps."""
+    got, _ = _acquire(isolated.settings, ttl=3)
+    assert isinstance(got, close_lease.Lease)
+    try:
+        got.ensure_held()
+        with connect(isolated.settings.settlement_dsn, autocommit=True) as admin:
+            # Another close took the date while this one's session was cut off.
+            admin.execute("update close_leases set token = nextval('close_lease_tokens')"
+                          " where trade_date = %s", (DAY,))
+            admin.execute("select pg_terminate_backend(%s, 5000)", (got.conn.info.backend_pid,))
+        deadline = time.monotonic() + 15
+        while got.lost is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with pytest.raises(close_lease.LeaseLost, match="took the date over"):
+            got.ensure_held()
+    finally:
+        got.release()
