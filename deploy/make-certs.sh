@@ -1,43 +1,82 @@
 #!/usr/bin/env bash
 # Makes the deployment's TLS material: a private CA, one certificate per Kafka broker (a PEM
-# keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads) and one for
-# PostgreSQL. Clients trust ca.crt only and verify host names (Kafka: https endpoint
-# identification; PostgreSQL: sslmode=verify-full).
+# keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads), one for
+# PostgreSQL and one for Airflow's api-server (HTTPS: the UI, the REST API and the task
+# processes' execution API). Clients trust ca.crt only and verify host names (Kafka: https
+# endpoint identification; PostgreSQL: sslmode=verify-full; Airflow: HTTPS).
 #
 #   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
 #
-# Every certificate names its service (kafka-1..3, postgres), localhost and 127.0.0.1, plus the
-# extra SANs given (DNS:name or IP:address) for hosts clients reach from elsewhere. Idempotent:
-# what exists is kept (delete DIR to re-issue). Private keys are 0600 and, when run as root,
-# owned by the user that reads them in its image (Kafka: uid 1000, PostgreSQL: uid 999, as in
-# the official images and the ones deploy/local builds); ca.key never leaves DIR.
+# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver),
+# localhost and 127.0.0.1, plus the extra SANs given (DNS:name or IP:address) for hosts
+# clients reach from elsewhere. Idempotent: what exists is kept (delete DIR to re-issue).
+#
+# The CA's private key is NOT written into DIR: anyone who can read it can mint a `postgres`
+# or `kafka-N` certificate that passes verify-full. It lives in CA_DIR (default: DIR's
+# sibling DIR-ca, e.g. certs-ca), 0700/0600, which no container mounts; docker-compose.yml
+# mounts ca.crt and each service's own key pair from DIR, file by file. A ca.key an older
+# version of this script left in DIR is moved there. Keep CA_DIR offline if you can: it is
+# needed only to issue certificates.
+#
+# Private keys are 0600 and, when run as root, owned by the user that reads them in its image
+# (Kafka: uid 1000, PostgreSQL: uid 999, as in the official images and the ones deploy/local
+# builds; the application image's `settle`: uid 10001, for Airflow's api-server).
 set -euo pipefail
 
 dir=${1:?usage: make-certs.sh DIR [EXTRA_SAN ...]}
 shift
 extra=("$@")
 days=${CERT_DAYS:-825}
-mkdir -p "$dir"
-cd "$dir"
+mkdir -p "$dir"  # 0755 (before the umask): the public certificates are read by every service
+dir=$(cd "$dir" && pwd)
 umask 077
+ca_dir=${CA_DIR:-$dir-ca}
+mkdir -p "$ca_dir"
+chmod 0700 "$ca_dir"
+ca_dir=$(cd "$ca_dir" && pwd)
+[[ $ca_dir != "$dir" ]] || { echo "make-certs: CA_DIR must not be DIR ($dir)" >&2; exit 1; }
+cd "$dir"
+
+# An older version kept the CA's key (and its serial) beside the certificates.
+for f in ca.key ca.srl; do
+  if [[ -e $f ]]; then
+    if [[ -e $ca_dir/$f ]]; then
+      cmp -s "$f" "$ca_dir/$f" ||
+        { echo "make-certs: $dir/$f and $ca_dir/$f differ: remove the wrong one" >&2; exit 1; }
+      rm -f "$f"
+    else
+      mv "$f" "$ca_dir/$f"
+    fi
+    echo "make-certs: moved $f out of $dir into $ca_dir (no container mounts it)" >&2
+  fi
+done
 
 if [[ ! -s ca.crt ]]; then
-  openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 3650 -keyout ca.key -out ca.crt \
-    -subj "/CN=dual-site-settlement CA" \
+  openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 3650 -keyout "$ca_dir/ca.key" \
+    -out ca.crt -subj "/CN=dual-site-settlement CA" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
     2>/dev/null
   chmod 0644 ca.crt
-  echo "make-certs: CA $dir/ca.crt" >&2
+  echo "make-certs: CA $dir/ca.crt (its key: $ca_dir/ca.key)" >&2
+elif [[ ! -s $ca_dir/ca.key ]]; then
+  # Existing certificates are kept; only a new one needs the key.
+  need_key=1
 fi
 
-issue() { # name owner_uid -> name.key name.crt signed by the CA
+issue() { # name owner_uid [more SANs] -> name.key name.crt signed by the CA
   local name=$1 uid=$2 sans="DNS:$1,DNS:localhost,IP:127.0.0.1"
+  shift 2
   local san
-  for san in "${extra[@]}"; do sans+=",$san"; done
+  for san in "$@" "${extra[@]}"; do sans+=",$san"; done
   [[ -s $name.crt ]] && return 0
+  if [[ -n ${need_key:-} ]]; then
+    echo "make-certs: $name.crt is missing and the CA's key is not in $ca_dir (set CA_DIR)" >&2
+    exit 1
+  fi
   openssl req -newkey rsa:2048 -sha256 -nodes -keyout "$name.key" -out "$name.csr" \
     -subj "/CN=$name" 2>/dev/null
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" \
+  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey "$ca_dir/ca.key" -CAcreateserial \
+    -CAserial "$ca_dir/ca.srl" -days "$days" \
     -sha256 -out "$name.crt" -extfile <(printf '%s\n' "subjectAltName=$sans" \
       "extendedKeyUsage=serverAuth,clientAuth" "keyUsage=critical,digitalSignature,keyEncipherment") \
     2>/dev/null
@@ -60,3 +99,6 @@ for n in 1 2 3; do
   fi
 done
 issue postgres 999
+# Airflow's api-server: clients reach it as airflow-apiserver (compose's service name, the
+# execution API URL) or localhost / 127.0.0.1 (the published port).
+issue airflow 10001 DNS:airflow-apiserver

@@ -180,19 +180,140 @@ def test_dependencies_exist_and_wait_for_health() -> None:
                 assert SERVICES[dep].get("restart") == "no", f"{dep} is not a one-shot"
 
 
+CERTS_SOURCE = "${SETTLE_CERTS_DIR:-./certs}"
+
+
+def _mounts(svc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A service's volumes in compose's long form: short "SRC:DST[:ro]" strings parsed."""
+    out = []
+    for mount in svc.get("volumes", []):
+        if isinstance(mount, dict):
+            out.append(mount)
+            continue
+        text = str(mount)
+        source, target = text.removesuffix(":ro").rsplit(":", 1)
+        kind = "bind" if source.startswith(("./", "/", "$")) else "volume"
+        out.append({"type": kind, "source": source, "target": target,
+                    "read_only": text.endswith(":ro")})
+    return out
+
+
+def _cert_files(svc: dict[str, Any]) -> dict[str, str]:
+    """The TLS files a service mounts: {file name in SETTLE_CERTS_DIR: target}."""
+    files = {}
+    for m in _mounts(svc):
+        if str(m["source"]).startswith(CERTS_SOURCE):
+            files[str(m["source"]).removeprefix(CERTS_SOURCE).lstrip("/")] = m["target"]
+    return files
+
+
 def test_volumes_are_declared_and_mounted_files_exist() -> None:
     declared = set(COMPOSE.get("volumes") or {})
     for name, svc in SERVICES.items():
-        for mount in svc.get("volumes", []):
-            source = _interpolate(str(mount), {}).split(":")[0]
-            if source == "./certs":  # made by deploy/make-certs.sh, never committed
+        for m in _mounts(svc):
+            source = str(m["source"])
+            if source.startswith(CERTS_SOURCE):  # deploy/make-certs.sh's, never committed
                 assert (ROOT / "deploy" / "make-certs.sh").exists()
-                assert str(mount) == "${SETTLE_CERTS_DIR:-./certs}:/certs:ro", name
+                assert m["read_only"] is True, (name, source)
             elif source.startswith(("./", "/")):
                 assert (ROOT / source).exists(), f"{name} mounts missing {source}"
-                assert str(mount).endswith(":ro"), f"{name}: mount {source} read-only"
+                assert m["read_only"] is True, f"{name}: mount {source} read-only"
             else:
                 assert source in declared, f"{name} uses undeclared volume {source}"
+
+
+# What each service may read of deploy/make-certs.sh's folder: the CA certificate (to verify
+# servers) and its own key pair, nothing else. The CA's key (ca.key) in a container would let
+# anyone there mint a `postgres` or `kafka-N` certificate that passes verify-full.
+OWN_TLS_FILES = {
+    **{b: {"ca.crt", f"{b}.pem"} for b in BROKERS},
+    "postgres": {"postgres.crt", "postgres.key"},
+    "airflow-apiserver": {"ca.crt", "airflow.crt", "airflow.key"},
+}
+
+
+def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> None:
+    for name, svc in SERVICES.items():
+        for m in _mounts(svc):
+            source = str(m["source"])
+            # Never the folder: whatever make-certs.sh (or an operator) puts there would follow.
+            assert source.rstrip("/") != CERTS_SOURCE, f"{name} mounts the whole certs folder"
+            assert "ca.key" not in source and "ca.key" not in str(m["target"]), name
+            if source.startswith(CERTS_SOURCE):
+                assert m["type"] == "bind" and m["read_only"] is True, (name, m)
+                # A missing file must fail the start, not become an empty directory.
+                assert m.get("bind", {}).get("create_host_path") is False, (name, m)
+        files = _cert_files(svc)
+        assert set(files) == OWN_TLS_FILES.get(name, {"ca.crt"}), name
+        assert all(target == f"/certs/{f}" for f, target in files.items()), (name, files)
+    # What the services are configured to read is what they mount.
+    for b in BROKERS:
+        assert _env(SERVICES[b])["KAFKA_SSL_KEYSTORE_LOCATION"] in _cert_files(SERVICES[b]) \
+            .values()
+        assert _env(SERVICES[b])["KAFKA_SSL_TRUSTSTORE_LOCATION"] == "/certs/ca.crt"
+    pg = " ".join(SERVICES["postgres"]["command"])
+    assert "ssl_cert_file=/certs/postgres.crt" in pg and "ssl_key_file=/certs/postgres.key" in pg
+    # The local stack's override adds no mount of its own (it would bypass the above).
+    local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
+    assert "volumes:" not in local
+
+
+def _make_certs(directory: Path, *sans: str, **env: str) -> subprocess.CompletedProcess[str]:
+    bash = shutil.which("bash")
+    if bash is None or shutil.which("openssl") is None:
+        pytest.skip("no bash or openssl")
+    return subprocess.run([bash, str(ROOT / "deploy" / "make-certs.sh"), str(directory), *sans],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+
+
+def _sans(cert: Path) -> str:
+    return subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-ext",
+                           "subjectAltName"], capture_output=True, text=True, check=True).stdout
+
+
+def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    made = _make_certs(certs, "DNS:settle.example.com")
+    assert made.returncode == 0, made.stderr
+    ca_dir = tmp_path / "certs-ca"
+    assert not list(certs.glob("ca.key*")) and not (certs / "ca.srl").exists()
+    assert stat.S_IMODE((ca_dir / "ca.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(ca_dir.stat().st_mode) == 0o700
+    # Every file a service mounts exists; every key is private.
+    for f in set().union(*OWN_TLS_FILES.values()):
+        assert (certs / f).is_file(), f
+    for key in (*certs.glob("*.key"), *certs.glob("*.pem")):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    # The api-server's certificate: signed by the CA, valid for the names clients use.
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(certs / "ca.crt"),
+                             str(certs / "airflow.crt")], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    sans = _sans(certs / "airflow.crt")
+    for name in ("DNS:airflow-apiserver", "DNS:localhost", "IP Address:127.0.0.1",
+                 "DNS:settle.example.com"):
+        assert name in sans, sans
+    if os.geteuid() == 0:  # owned by the image's user that reads it (settle, uid 10001)
+        assert (certs / "airflow.key").stat().st_uid == 10001
+
+    # A folder an older version made (ca.key inside) is cleaned on the next run, the CA kept.
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in certs.iterdir():
+        shutil.copy2(f, old / f.name)
+    shutil.copy2(ca_dir / "ca.key", old / "ca.key")
+    (old / "airflow.crt").unlink()  # so that one certificate is issued with the moved key
+    again = _make_certs(old, CA_DIR=str(tmp_path / "elsewhere"))
+    assert again.returncode == 0, again.stderr
+    assert not (old / "ca.key").exists(), "the CA's key stayed in the mounted folder"
+    assert (tmp_path / "elsewhere" / "ca.key").read_bytes() == (ca_dir / "ca.key").read_bytes()
+    assert (old / "ca.crt").read_bytes() == (certs / "ca.crt").read_bytes()
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(old / "ca.crt"),
+                             str(old / "airflow.crt")], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    # Without the CA's key nothing new can be issued, and the script says where it looked.
+    (old / "postgres.crt").unlink()
+    lost = _make_certs(old, CA_DIR=str(tmp_path / "empty"))
+    assert lost.returncode != 0 and "CA's key is not in" in lost.stderr, lost.stderr
 
 
 def test_every_compose_variable_is_in_env_example() -> None:
@@ -418,9 +539,10 @@ def test_only_brokers_and_kafka_init_hold_the_admin_credentials() -> None:
 
 def test_airflow_runs_as_separate_components() -> None:
     commands = {name: SERVICES[name]["command"] for name in AIRFLOW}
-    assert commands == {"airflow-apiserver": ["api-server"], "airflow-scheduler": ["scheduler"],
+    assert commands == {"airflow-apiserver": ["api-server"],
+                        "airflow-scheduler": ["scheduler", "--skip-serve-logs"],
                         "airflow-dag-processor": ["dag-processor"],
-                        "airflow-triggerer": ["triggerer"]}
+                        "airflow-triggerer": ["triggerer", "--skip-serve-logs"]}
     init = SERVICES["airflow-init"]
     assert init["command"] == ["db", "migrate"] and init["restart"] == "no"
     assert init["entrypoint"] == ["/app/.venv/bin/airflow"]
@@ -464,12 +586,51 @@ def test_airflow_components_share_metadata_db_and_secrets() -> None:
     assert manager == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
     assert importlib.util.find_spec(manager.rsplit(".", 1)[0])
     assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL"), {}) == \
-        "http://airflow-apiserver:8080/execution/"
+        "https://airflow-apiserver:8080/execution/"
     # The UI logins' passwords reach the one-shot airflow-users only.
     for name, svc in SERVICES.items():
         has = {"AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
                "AIRFLOW_AUDITOR_PASSWORD"} & set(_env(svc))
         assert bool(has) == (name == "airflow-users"), name
+
+
+def test_airflow_is_served_over_verified_https_on_the_address_the_operator_sets() -> None:
+    api = SERVICES["airflow-apiserver"]
+    env = _env(api)
+    files = _cert_files(api)
+    # The api-server's own certificate and key (Airflow's [api] ssl_cert / ssl_key: HTTPS).
+    assert env["AIRFLOW__API__SSL_CERT"] == files["airflow.crt"] == "/certs/airflow.crt"
+    assert env["AIRFLOW__API__SSL_KEY"] == files["airflow.key"] == "/certs/airflow.key"
+    # Every component that calls it (the task processes: the execution API) trusts the
+    # stack's CA alone; every URL to it is https.
+    assert _shared("AIRFLOW__API__SSL_CA_FILE") == "/certs/ca.crt"
+    assert _shared("AIRFLOW__API__CLIENT_USE_PUBLIC_CERTS") == "False"
+    for name in AIRFLOW:
+        assert _cert_files(SERVICES[name])["ca.crt"] == "/certs/ca.crt", name
+    assert _interpolate(_shared("AIRFLOW__API__BASE_URL"), {}).startswith("https://")
+    assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL"), {}) \
+        .startswith("https://")
+    health = " ".join(api["healthcheck"]["test"])
+    assert "'${AIRFLOW_INTERNAL_URL:-https://airflow-apiserver:8080}/api/v2/monitor/health'" \
+        in health
+    assert "cafile='/certs/ca.crt'" in health and "CERT_NONE" not in health
+    # Published on loopback unless .env names an address.
+    assert api["ports"] == ["${AIRFLOW_BIND_ADDRESS:-127.0.0.1}:18080:8080"]
+    active, commented = _env_example()
+    assert "AIRFLOW_BIND_ADDRESS" in active | commented
+    # Nothing else of Airflow's listens beyond loopback: no log server (Airflow 3.3 has no
+    # setting for its address, and it is plain HTTP), the scheduler's health check on 127.0.0.1.
+    for name in ("airflow-scheduler", "airflow-triggerer"):
+        assert "--skip-serve-logs" in SERVICES[name]["command"], name
+    assert _shared("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST") == "127.0.0.1"
+    assert "//127.0.0.1:8974/" in " ".join(SERVICES["airflow-scheduler"]["healthcheck"]["test"])
+    # The local stack (host networking): the api-server binds AIRFLOW_BIND_ADDRESS itself,
+    # and no plain-HTTP URL to it is left anywhere.
+    local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
+    assert '"--host", "${AIRFLOW_BIND_ADDRESS:-127.0.0.1}"' in local
+    for text in (COMPOSE_TEXT, local, (ROOT / ".env.example").read_text()):
+        assert not re.search(r"http://(localhost|127\.0\.0\.1|airflow-apiserver):(1|2)?8080",
+                             text)
 
 
 def test_airflow_metadata_db_drivers_are_installed() -> None:

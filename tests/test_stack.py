@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -40,6 +41,140 @@ def test_stack_env_holds_every_required_value_privately_and_keeps_its_secrets(
     # Every address is loopback: no stack traffic leaves the machine.
     for key in ("KAFKA_BOOTSTRAP", "PG_ADDRESS", "AIRFLOW_INTERNAL_URL"):
         assert all("127.0.0.1:" in part for part in again[key].split(",")), key
+    # Airflow is HTTPS, on the loopback address by default.
+    assert again["AIRFLOW_BIND_ADDRESS"] == "127.0.0.1"
+    for key in ("AIRFLOW_INTERNAL_URL", "AIRFLOW_BASE_URL"):
+        assert again[key] == f"https://127.0.0.1:{envfile.AIRFLOW_PORT}", key
+
+
+def test_an_operators_airflow_address_is_kept_and_named_by_the_urls(tmp_path: Path) -> None:
+    from settlement.config import ConfigError
+
+    path = tmp_path / ".env"
+    envfile.write_env(path, tmp_path / "certs")
+    path.write_text(path.read_text().replace("AIRFLOW_BIND_ADDRESS=127.0.0.1",
+                                             "AIRFLOW_BIND_ADDRESS=0.0.0.0"))
+    again = envfile.write_env(path, tmp_path / "certs")
+    assert again["AIRFLOW_BIND_ADDRESS"] == "0.0.0.0"  # kept, unlike the other addresses
+    # A wildcard is no address to connect to: the clients keep using loopback.
+    assert again["AIRFLOW_INTERNAL_URL"] == f"https://127.0.0.1:{envfile.AIRFLOW_PORT}"
+    assert envfile.airflow_url("10.1.2.3") == f"https://10.1.2.3:{envfile.AIRFLOW_PORT}"
+    assert envfile.airflow_url("::1") == f"https://[::1]:{envfile.AIRFLOW_PORT}"
+    with pytest.raises(ConfigError, match="AIRFLOW_BIND_ADDRESS='airflow.example.com'"):
+        envfile.airflow_url("airflow.example.com")
+
+
+def _secret_values(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items()
+            if k in envfile.PASSWORDS or k == "AIRFLOW_FERNET_KEY"}
+
+
+def test_stack_up_prints_no_secret_and_its_secrets_file_holds_them_privately(
+        tmp_path: Path) -> None:
+    from settlement.stack.compose import Stack, client_info
+
+    stack = Stack(tmp_path, ())
+    envfile.write_env(stack.env_path, stack.certs)
+    env = stack.env()
+    printed = client_info(stack)
+    text = json.dumps(printed)
+    leaked = [k for k, v in _secret_values(env).items() if v in text]
+    assert not leaked, f"stack up prints {leaked}"
+    # Every key it printed before is still there, the secrets file named.
+    assert {"kafka_bootstrap", "kafka_config", "topic", "postgres_dsn", "airflow_url",
+            "airflow_user", "airflow_password", "env_file", "secrets_file"} <= set(printed)
+    assert "sasl.password" not in printed["kafka_config"]
+    assert psycopg.conninfo.conninfo_to_dict(printed["postgres_dsn"]).get("password") is None
+    path = Path(printed["secrets_file"])
+    assert path == stack.secrets_path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    # Complete: the printed settings plus their passwords, and every Airflow login.
+    from settlement.stack.compose import read_secrets
+
+    secrets = read_secrets(stack)
+    assert secrets["kafka_config"] == {**printed["kafka_config"],
+                                       "sasl.password": env["SETTLE_KAFKA_AUDITOR_PASSWORD"]}
+    dsn = psycopg.conninfo.conninfo_to_dict(secrets["postgres_dsn"])
+    assert dsn["password"] == env["SETTLE_PG_AUDITOR_PASSWORD"]
+    assert {k: v for k, v in dsn.items() if k != "password"} == \
+        psycopg.conninfo.conninfo_to_dict(printed["postgres_dsn"])
+    assert secrets["airflow_logins"] == {
+        "admin": {"username": printed["airflow_user"],
+                  "password": env["AIRFLOW_ADMIN_PASSWORD"]},
+        "operations": {"username": "operations",
+                       "password": env["AIRFLOW_OPERATIONS_PASSWORD"]},
+        "auditor": {"username": "auditor", "password": env["AIRFLOW_AUDITOR_PASSWORD"]}}
+    assert secrets["airflow_url"] == printed["airflow_url"]
+    assert secrets["airflow_ca"] == str(stack.certs / "ca.crt")
+    # Rewritten whole on the next start, still private whatever it was changed to.
+    path.chmod(0o644)
+    client_info(stack)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def _https_server(certs: Path, body: bytes, host: str = "127.0.0.1") -> Any:
+    """An HTTPS server with the `airflow` certificate of ``certs``: ``body`` to every GET, a
+    token to every POST (/auth/token)."""
+    import http.server
+    import ssl
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, data: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            self._answer(body)
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._answer(b'{"access_token": "t"}')
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, 0), Handler)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(certs / "airflow.crt", certs / "airflow.key")
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_airflow_client_speaks_https_only_and_verifies_the_server(tmp_path: Path) -> None:
+    import shutil
+
+    from settlement.errors import ServiceError
+    from settlement.stack.airflow_api import AirflowApi
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl")
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for certs in (ours, theirs):
+        envfile.make_certs(ROOT, certs)
+    with pytest.raises(ServiceError, match="not https://"):
+        AirflowApi(f"http://127.0.0.1:{envfile.AIRFLOW_PORT}", "auditor", "pw")
+    dag = b'{"dag_id": "eod_settlement"}'
+    # The certificate names 127.0.0.1, not 127.0.0.2 (the same machine: loopback is 127/8).
+    servers = [_https_server(ours, dag), _https_server(ours, dag, host="127.0.0.2")]
+    try:
+        url, unnamed = (f"https://{s.server_address[0]}:{s.server_address[1]}" for s in servers)
+        api = AirflowApi(url, "auditor", "pw", ca_file=str(ours / "ca.crt"))
+        assert api.call("GET", "/api/v2/dags/eod_settlement") == {"dag_id": "eod_settlement"}
+        # Another CA's certificate, the system's CAs only, a host name the certificate does
+        # not carry: refused (before the password is sent), never skipped.
+        for where, ca in ((url, theirs / "ca.crt"), (url, None), (unnamed, ours / "ca.crt")):
+            other = AirflowApi(where, "auditor", "pw", ca_file=ca and str(ca))
+            with pytest.raises(ServiceError, match="does not verify against"):
+                other.token()
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
 
 
 def test_a_password_dsn_reaches_the_job_as_a_url_its_settings_accept() -> None:
@@ -77,7 +212,7 @@ def test_the_stack_listens_only_on_its_declared_ports_all_outside_the_ephemeral_
     assert not inside, f"{inside} lie in this host's ephemeral range {low}-{high}"
     values = envfile.local_settings(Path("/certs"), "none")
     addresses = [*values["KAFKA_BOOTSTRAP"].split(","), values["PG_ADDRESS"],
-                 values["AIRFLOW_INTERNAL_URL"].removeprefix("http://")]
+                 values["AIRFLOW_INTERNAL_URL"].removeprefix("https://")]
     assert {int(a.rsplit(":", 1)[1]) for a in addresses} <= set(envfile.LISTEN_PORTS)
 
 
@@ -156,21 +291,65 @@ def _plant_a_foreign_kafka_volume() -> None:
         "cluster.id=Zm9yZWlnbi1jbHVzdGVyMQ\n")
 
 
-def _report_opens_with_a_login_only(url: str, trade_date: str) -> None:
+def _report_opens_with_a_login_only(secrets: dict[str, Any], url: str,
+                                    trade_date: str) -> None:
+    import ssl
     import urllib.error
     import urllib.request
 
     from settlement.stack.airflow_api import AirflowApi
 
+    tls = ssl.create_default_context(cafile=secrets["airflow_ca"])
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url, timeout=30)
+        urllib.request.urlopen(url, timeout=30, context=tls)
     assert refused.value.code == 401
-    env = envfile.read_env(ROOT / ".env")
-    token = AirflowApi(env["AIRFLOW_BASE_URL"], "auditor", env["AIRFLOW_AUDITOR_PASSWORD"]).token()
+    login = secrets["airflow_logins"]["auditor"]
+    token = AirflowApi(secrets["airflow_url"], login["username"], login["password"],
+                       ca_file=secrets["airflow_ca"]).token()
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with urllib.request.urlopen(req, timeout=30, context=tls) as resp:
         assert resp.status == 200
         assert trade_date in resp.read().decode()
+
+
+def _tcp_listeners() -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket in this network namespace (the stack's
+    containers share it: host networking), from /proc/net/tcp and tcp6."""
+    import ipaddress
+
+    found = set()
+    for name, size in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/net/{name}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state != "0A":  # LISTEN
+                continue
+            hex_addr, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_addr)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, size, 4))
+            address = ipaddress.ip_address(raw)
+            # Java listens on IPv6 sockets: 127.0.0.1 shows as ::ffff:127.0.0.1.
+            mapped = getattr(address, "ipv4_mapped", None)
+            found.add((str(mapped or address), int(hex_port, 16)))
+    return found
+
+
+def _airflow_is_https_on_loopback_only(url: str) -> None:
+    """The api-server answers HTTPS (a plain-HTTP request gets no page), and the stack's
+    ports listen on 127.0.0.1 alone; the log servers are not started at all."""
+    import http.client
+    import urllib.request
+
+    assert url.startswith("https://127.0.0.1:"), url
+    # A TLS server closes a plain-HTTP connection or answers it with a TLS alert.
+    with pytest.raises((OSError, http.client.HTTPException)):
+        urllib.request.urlopen(url.replace("https://", "http://", 1) + "/api/v2/monitor/health",
+                               timeout=10).read()
+    listeners = _tcp_listeners()
+    ours = {(a, p) for a, p in listeners if p in envfile.LISTEN_PORTS}
+    log_ports = set(envfile.AIRFLOW_INTERNAL_PORTS[:2])  # kept free: no log server runs
+    assert {p for _, p in ours} == set(envfile.LISTEN_PORTS) - log_ports, ours
+    assert {a for a, _ in ours} == {"127.0.0.1"}, ours
 
 
 def _make(*args: str, timeout: float) -> dict:
@@ -192,17 +371,27 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         up = _make("stack-up", timeout=2400)
         assert up["stale_removed"] is True  # else its broker would refuse the storage
         for key in ("kafka_bootstrap", "kafka_config", "topic", "postgres_dsn", "airflow_url",
-                    "airflow_user", "airflow_password"):
+                    "airflow_user", "airflow_password", "secrets_file"):
             assert up[key], key
+        # What it printed (CI logs keep it) holds no secret of the .env; the secrets file does.
+        env = envfile.read_env(Path(up["env_file"]))
+        leaked = [k for k, v in _secret_values(env).items() if v in json.dumps(up)]
+        assert not leaked, f"make stack-up printed {leaked}"
+        assert stat.S_IMODE(Path(up["secrets_file"]).stat().st_mode) == 0o600
+        secrets = json.loads(Path(up["secrets_file"]).read_text())
+        assert secrets["kafka_config"]["sasl.password"] == env["SETTLE_KAFKA_AUDITOR_PASSWORD"]
         assert up["kafka_config"]["security.protocol"] == "SASL_SSL"
         assert "sslmode=verify-full" in up["postgres_dsn"]
-        # The auditor's settings work as printed: TLS login to PostgreSQL, read-only.
-        with psycopg.connect(up["postgres_dsn"]) as conn:
+        # The printed DSN carries no password: it alone cannot log in.
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(up["postgres_dsn"], passfile=os.devnull).close()
+        # The auditor's settings work from the secrets file: TLS login, read-only.
+        with psycopg.connect(secrets["postgres_dsn"]) as conn:
             assert conn.info.pgconn.ssl_in_use
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("create table auditor_may_not (x int)")
         # A TCP login without TLS is refused.
-        plain = re.sub(r"sslmode=verify-full", "sslmode=disable", up["postgres_dsn"])
+        plain = re.sub(r"sslmode=verify-full", "sslmode=disable", secrets["postgres_dsn"])
         with pytest.raises(psycopg.OperationalError, match="no encryption|pg_hba"):
             psycopg.connect(plain).close()
         # Idempotent: a second stack-up changes nothing and answers the same.
@@ -210,6 +399,8 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert again["stale_removed"] is False  # its own volumes are kept
         same = set(up) - {"seconds", "stale_removed"}
         assert {k: again[k] for k in same} == {k: up[k] for k in same}
+        # Airflow: HTTPS verified against the stack's CA; nothing listens beyond loopback.
+        _airflow_is_https_on_loopback_only(up["airflow_url"])
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"
@@ -220,7 +411,7 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert drill["dag_run_state"] == "success", drill
         assert drill["published"] is True
         assert drill["report_url"].startswith(up["airflow_url"] + "/settlement-reports/runs/")
-        _report_opens_with_a_login_only(drill["report_url"], "2026-03-02")
+        _report_opens_with_a_login_only(secrets, drill["report_url"], "2026-03-02")
 
         # The scheduler fires by itself: compressed trading days, a site killed in each.
         soak = _make("stack-soak", "DAYS=3", "MINUTES=4", "TRADES=20000", timeout=3000)

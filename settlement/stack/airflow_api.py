@@ -1,8 +1,11 @@
-"""Airflow's REST API (v2) as one user: a JWT from /auth/token, then JSON calls."""
+"""Airflow's REST API (v2) as one user: a JWT from /auth/token, then JSON calls, over HTTPS
+only (the password and the token must not cross the network in clear), the server's
+certificate always verified: against ``ca_file`` (the stack's CA), else the system's CAs."""
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -16,8 +19,19 @@ from settlement.errors import ServiceError
 class AirflowApi:
     base_url: str
     username: str
-    password: str
+    password: str = field(repr=False)
+    ca_file: str | None = None
     _token: str | None = field(default=None, repr=False)
+    _tls: ssl.SSLContext = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.base_url.lower().startswith("https://"):
+            raise ServiceError(f"Airflow's URL {self.base_url!r} is not https://: the "
+                               f"api-server serves HTTPS (AIRFLOW__API__SSL_CERT), and a login "
+                               f"over plain HTTP would send {self.username}'s password in clear")
+        # create_default_context verifies the chain and the host name; nothing here turns
+        # either off.
+        self._tls = ssl.create_default_context(cafile=self.ca_file)
 
     def _request(self, method: str, path: str, body: Any = None,
                  auth: bool = True) -> tuple[int, Any]:
@@ -27,7 +41,7 @@ class AirflowApi:
         if auth:
             req.add_header("Authorization", f"Bearer {self.token()}")
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=self._tls) as resp:
                 raw = resp.read()
                 return resp.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
@@ -36,6 +50,14 @@ class AirflowApi:
                 return e.code, json.loads(raw)
             except ValueError:
                 return e.code, raw.decode(errors="replace")
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ssl.SSLCertVerificationError):
+                raise ServiceError(
+                    f"Airflow at {self.base_url}: its certificate does not verify against "
+                    f"{self.ca_file or 'the system CAs'} ({e.reason.verify_message}); is "
+                    f"that the stack's ca.crt, and does the certificate name this host?"
+                ) from None
+            raise
 
     def token(self) -> str:
         if self._token is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 from settlement.errors import ServiceError
 from settlement.services.procs import port_free
 from settlement.stack import envfile
+from settlement.stack.airflow_api import AirflowApi
 from settlement.stack.engine import (
     Log,
     compose_binary,
@@ -46,6 +48,11 @@ class Stack:
     @property
     def certs(self) -> Path:
         return self.state / "certs"
+
+    @property
+    def secrets_path(self) -> Path:
+        """The clients' secrets (client_info), 0600: never printed."""
+        return self.state / "secrets.json"
 
     def compose_argv(self, *args: str) -> list[str]:
         """docker compose on the production file with the local override and the stack's .env."""
@@ -246,8 +253,10 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     t0 = time.monotonic()
     stack = open_stack(root, log)
     build_images(root, root / ".cache" / "jars" / "kafka", log)
-    envfile.make_certs(root, stack.certs)
-    env_is_new = not envfile.read_env(stack.env_path).get("KAFKA_CLUSTER_ID")
+    old = envfile.read_env(stack.env_path)
+    envfile.make_certs(root, stack.certs,
+                       old.get("AIRFLOW_BIND_ADDRESS") or envfile.DEFAULT_AIRFLOW_BIND)
+    env_is_new = not old.get("KAFKA_CLUSTER_ID")
     values = envfile.write_env(stack.env_path, stack.certs, cron)
     removed = remove_stale(stack, env_is_new, values["KAFKA_CLUSTER_ID"], log)
     _ensure_ports_free()
@@ -273,28 +282,93 @@ def down(root: Path, log: Log) -> dict[str, Any]:
     return {"removed": True, "engine_stopped": stop_engine_if_ours(stack.state, log)}
 
 
-def client_info(stack: Stack) -> dict[str, Any]:
-    """Everything a client needs, as the read-only auditor (Kafka and PostgreSQL)."""
+# Printed in place of a secret: `make stack-up`'s JSON ends up in terminals and CI logs.
+IN_SECRETS_FILE = "(in secrets_file)"
+
+
+def stack_secrets(stack: Stack) -> dict[str, Any]:
+    """What a client needs with its secrets: the auditor's complete Kafka settings and
+    PostgreSQL DSN, and the Airflow logins (from the stack's .env)."""
     env = stack.env()
     ca = str(stack.certs / "ca.crt")
-    airflow = env["AIRFLOW_BASE_URL"]
     return {
-        "kafka_bootstrap": env["KAFKA_BOOTSTRAP"],
         "kafka_config": {
             "bootstrap.servers": env["KAFKA_BOOTSTRAP"], "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "auditor",
             "sasl.password": env["SETTLE_KAFKA_AUDITOR_PASSWORD"], "ssl.ca.location": ca,
         },
-        "topic": env.get("SETTLE_TOPIC", "trades"),
         "postgres_dsn": pg_dsn(env, "settle_audit", env["SETTLE_PG_AUDITOR_PASSWORD"],
                                "settlement", ca),
-        "airflow_url": airflow,
-        "airflow_user": env.get("AIRFLOW_ADMIN_USER", "admin"),
-        "airflow_password": env["AIRFLOW_ADMIN_PASSWORD"],
-        "env_file": str(stack.env_path),
+        "airflow_url": env["AIRFLOW_BASE_URL"],
+        "airflow_ca": ca,
+        "airflow_logins": {
+            "admin": {"username": env.get("AIRFLOW_ADMIN_USER", "admin"),
+                      "password": env["AIRFLOW_ADMIN_PASSWORD"]},
+            "operations": {"username": "operations",
+                           "password": env["AIRFLOW_OPERATIONS_PASSWORD"]},
+            "auditor": {"username": "auditor", "password": env["AIRFLOW_AUDITOR_PASSWORD"]},
+        },
     }
 
 
-def pg_dsn(env: dict[str, str], user: str, password: str, db: str, ca: str) -> str:
-    return (f"postgresql://{user}:{password}@{env['PG_ADDRESS']}/{db}"
+def write_secrets(stack: Stack) -> dict[str, Any]:
+    """stack_secrets() into the secrets file, 0600 from its creation (never readable by
+    others, not even between open and chmod); replaced whole, so a reader never sees half."""
+    values = stack_secrets(stack)
+    path = stack.secrets_path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(values, f, indent=2)
+        f.write("\n")
+    os.chmod(tmp, 0o600)  # whatever the umask
+    os.replace(tmp, path)
+    return values
+
+
+def read_secrets(stack: Stack) -> dict[str, Any]:
+    """The secrets file `make stack-up` wrote (what tools and tests log in with)."""
+    try:
+        return dict(json.loads(stack.secrets_path.read_text()))
+    except FileNotFoundError:
+        raise ServiceError(f"{stack.secrets_path} does not exist: start the stack first "
+                           f"(make stack-up)") from None
+
+
+def airflow_api(stack: Stack, login: str) -> AirflowApi:
+    """Airflow's REST API as one of the stack's logins (admin, operations, auditor), over
+    HTTPS verified against the stack's CA."""
+    secrets = read_secrets(stack)
+    user = secrets["airflow_logins"][login]
+    return AirflowApi(secrets["airflow_url"], user["username"], user["password"],
+                      ca_file=secrets["airflow_ca"])
+
+
+def client_info(stack: Stack) -> dict[str, Any]:
+    """How a client reaches the stack, as the read-only auditor (Kafka and PostgreSQL), with
+    no secret in it: the passwords are in ``secrets_file`` (0600), written here."""
+    secrets = write_secrets(stack)
+    env = stack.env()
+    kafka = {k: v for k, v in secrets["kafka_config"].items() if k != "sasl.password"}
+    return {
+        "kafka_bootstrap": env["KAFKA_BOOTSTRAP"],
+        "kafka_config": kafka,
+        "topic": env.get("SETTLE_TOPIC", "trades"),
+        # Without a password: libpq takes it from PGPASSWORD or a passfile.
+        "postgres_dsn": pg_dsn(env, "settle_audit", None, "settlement",
+                               secrets["airflow_ca"]),
+        "airflow_url": secrets["airflow_url"],
+        "airflow_ca": secrets["airflow_ca"],
+        "airflow_user": secrets["airflow_logins"]["admin"]["username"],
+        "airflow_password": IN_SECRETS_FILE,
+        "env_file": str(stack.env_path),
+        "secrets_file": str(stack.secrets_path),
+    }
+
+
+def pg_dsn(env: dict[str, str], user: str, password: str | None, db: str, ca: str) -> str:
+    login = user if password is None else f"{user}:{password}"
+    return (f"postgresql://{login}@{env['PG_ADDRESS']}/{db}"
             f"?sslmode=verify-full&sslrootcert={ca}")

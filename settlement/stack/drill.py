@@ -27,7 +27,7 @@ from settlement.drills.checker import (
 )
 from settlement.errors import ServiceError
 from settlement.stack.airflow_api import AirflowApi
-from settlement.stack.compose import Stack, pg_dsn
+from settlement.stack.compose import Stack, airflow_api, pg_dsn, read_secrets
 from settlement.stack.engine import Log
 
 DAG = "eod_settlement"
@@ -64,9 +64,9 @@ def publish_day(stack: Stack, trade_date: str, trades: int, seed: int) -> subpro
 
 
 def operations_api(stack: Stack) -> AirflowApi:
-    """Airflow's REST API as `operations` (role Op: may unpause and create runs)."""
-    env = stack.env()
-    return AirflowApi(env["AIRFLOW_BASE_URL"], "operations", env["AIRFLOW_OPERATIONS_PASSWORD"])
+    """Airflow's REST API as `operations` (role Op: may unpause and create runs), its login
+    from the secrets file `make stack-up` wrote, over HTTPS verified against the stack's CA."""
+    return airflow_api(stack, "operations")
 
 
 def trigger_close(stack: Stack, trade_date: str, log: Log) -> tuple[AirflowApi, str]:
@@ -120,7 +120,7 @@ def check_day(stack: Stack, settings: Settings, trade_date: str,
     day = read_kafka_day(settings, trade_date)
     check = check_ledger(settings.ledger_dsn("shared"), day, settings.topic)
     published = published_run(settings, trade_date)
-    base = stack.env()["AIRFLOW_BASE_URL"]
+    base = read_secrets(stack)["airflow_url"]
     return {
         "trade_date": trade_date,
         "trade_messages": len(day.trades),  # valid committed copies, replays included

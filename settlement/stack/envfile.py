@@ -4,10 +4,12 @@ deploy/local/docker-compose.local.yml. Also its TLS material (deploy/make-certs.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import secrets
 from pathlib import Path
 
+from settlement.config import ConfigError
 from settlement.stack.engine import run
 
 PASSWORDS = (
@@ -26,15 +28,24 @@ KAFKA_PORTS = (27092, 27093, 27094)
 KAFKA_CONTROLLER_PORTS = (27192, 27193, 27194)
 PG_PORT = 27432
 AIRFLOW_PORT = 28080
-AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)  # task and trigger log servers, scheduler health
+# The task and trigger log server ports, then the scheduler's health check. The log servers
+# are not started (--skip-serve-logs: Airflow 3.3 binds them to every interface and serves
+# plain HTTP; the api-server reads the logs from the shared volume), but the api-server still
+# asks that port for a running task's log: the stack keeps it free so that no other program's
+# log server answers.
+AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
-    PG_PORT: "PostgreSQL", AIRFLOW_PORT: "Airflow's api-server",
-    **dict(zip(AIRFLOW_INTERNAL_PORTS, ("Airflow's task log server", "Airflow's trigger log "
-                                        "server", "Airflow's scheduler health check"),
+    PG_PORT: "PostgreSQL", AIRFLOW_PORT: "Airflow's api-server (HTTPS)",
+    **dict(zip(AIRFLOW_INTERNAL_PORTS, ("Airflow's task log port (kept free)", "Airflow's "
+                                        "trigger log port (kept free)", "Airflow's scheduler "
+                                        "health check"),
                strict=True)),
 }
+# Where the api-server listens unless the .env says otherwise (AIRFLOW_BIND_ADDRESS, kept
+# across runs): loopback, so that logins, cookies and tokens stay on this machine.
+DEFAULT_AIRFLOW_BIND = "127.0.0.1"
 HEADER = ("# Written by `make stack-up` (settlement/stack/envfile.py) for the local stack; its\n"
           "# secrets are kept across runs. Not for production: see .env.example.\n")
 
@@ -53,12 +64,30 @@ def _fernet_key() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
 
 
-def local_settings(certs: Path, cron: str, compressed: str = "") -> dict[str, str]:
+def airflow_url(bind: str) -> str:
+    """The api-server's HTTPS URL for a bind address: loopback when it listens on every
+    interface (its certificate names 127.0.0.1; a wildcard is no address to connect to)."""
+    try:
+        address = ipaddress.ip_address(bind)
+    except ValueError:
+        raise ConfigError(f"AIRFLOW_BIND_ADDRESS={bind!r} is not an IP address (the stack's "
+                          f"api-server listens on one: 127.0.0.1 by default)") from None
+    if address.is_unspecified:
+        return f"https://127.0.0.1:{AIRFLOW_PORT}"
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"https://{host}:{AIRFLOW_PORT}"
+
+
+def local_settings(certs: Path, cron: str, compressed: str = "",
+                   airflow_bind: str = DEFAULT_AIRFLOW_BIND) -> dict[str, str]:
     """What is not secret: where the services listen here, the TLS folder, the scheduling."""
-    airflow = f"http://127.0.0.1:{AIRFLOW_PORT}"
+    airflow = airflow_url(airflow_bind)
     return {
         "KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{p}" for p in KAFKA_PORTS),
         "PG_ADDRESS": f"127.0.0.1:{PG_PORT}",
+        # HTTPS with the stack's CA (deploy/make-certs.sh's airflow certificate): the task
+        # processes' execution API, the healthcheck, the UI and the REST API alike.
+        "AIRFLOW_BIND_ADDRESS": airflow_bind,
         "AIRFLOW_INTERNAL_URL": airflow,
         "AIRFLOW_BASE_URL": airflow,
         "SETTLE_CERTS_DIR": str(certs),
@@ -83,7 +112,9 @@ def write_env(path: Path, certs: Path, cron: str = "none",
         secrets.token_bytes(16)).decode().rstrip("="))
     values["KAFKA_ADMIN_USER"] = "admin"
     values["AIRFLOW_ADMIN_USER"] = "admin"
-    values.update(local_settings(certs, cron, compressed))
+    # An operator's bind address is kept; every other address is rewritten.
+    values.update(local_settings(certs, cron, compressed,
+                                 old.get("AIRFLOW_BIND_ADDRESS") or DEFAULT_AIRFLOW_BIND))
     text = HEADER + "".join(f"{k}={v}\n" for k, v in values.items())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -92,5 +123,17 @@ def write_env(path: Path, certs: Path, cron: str = "none",
     return values
 
 
-def make_certs(root: Path, certs: Path) -> None:
-    run(["bash", str(root / "deploy" / "make-certs.sh"), str(certs)], timeout=120)
+def ca_dir(certs: Path) -> Path:
+    """Where deploy/make-certs.sh keeps the CA's private key: beside ``certs``, never in it
+    (docker-compose.yml mounts files of ``certs`` only; no container sees this folder)."""
+    return certs.parent / f"{certs.name}-ca"
+
+
+def make_certs(root: Path, certs: Path, airflow_bind: str = DEFAULT_AIRFLOW_BIND) -> None:
+    """The stack's CA and certificates (kept once made). An api-server bound to one address
+    other than loopback is reached there, so the certificates name it too (certificates made
+    before the address was set do not: remove ``certs`` to re-issue them)."""
+    address = ipaddress.ip_address(airflow_bind)
+    sans = [] if address.is_loopback or address.is_unspecified else [f"IP:{address}"]
+    run(["bash", str(root / "deploy" / "make-certs.sh"), str(certs), *sans], timeout=120,
+        env={**os.environ, "CA_DIR": str(ca_dir(certs))})
