@@ -1,0 +1,68 @@
+"""`settle stack up|down|drill|soak`: the docker-compose deployment on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from settlement.cli.common import CommandFailed, Subparsers, add_command, console, date
+from settlement.config import ConfigError, Settings
+
+
+def register(sub: Subparsers) -> None:
+    sp = add_command(sub, "stack", "the docker-compose deployment on this machine (images "
+                                   "built here, host networking on loopback)", cmd_stack)
+    sp.add_argument("action", choices=["up", "down", "drill", "soak"],
+                    help="up: engine, images, .env, certificates, then every service healthy; "
+                         "down: remove containers and volumes; drill: a faulty day, site-a "
+                         "killed, the close run by the stack's scheduler; soak: --days "
+                         "compressed trading days, each close created by the scheduler from "
+                         "its timetable, a random site killed in each")
+    sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
+    sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
+    sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
+    sp.add_argument("--days", type=int, default=3, help="soak: trading days")
+    sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
+                    help="soak: minutes between two closes")
+    sp.add_argument("--cron", default="none",
+                    help="up: eod_settlement's schedule in the stack (a cron expression, or "
+                         "none: runs only when created)")
+
+
+def _project_root() -> Path:
+    # settlement/cli/stack.py -> the checkout's root, three levels up.
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "docker-compose.yml").exists():
+        raise ConfigError("settle stack works from a checkout (it needs docker-compose.yml, "
+                          "deploy/ and the Dockerfile): run it there, e.g. `make stack-up`")
+    return root
+
+
+def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.stack import compose
+
+    def log(message: str) -> None:
+        console().print(f"[dim]stack:[/] {message}", highlight=False)
+
+    root = _project_root()
+    if args.action == "up":
+        return compose.up(root, log, cron=args.cron)
+    if args.action == "down":
+        return compose.down(root, log)
+    stack = compose.open_stack(root, log)
+    if args.action == "soak":
+        from settlement.stack.soak import run_soak
+
+        result = run_soak(stack, args.days, args.trades, args.minutes, log, seed=args.seed)
+    else:
+        if not args.date:
+            raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make "
+                              "stack-drill DATE=2026-03-02 TRADES=20000)")
+        from settlement.stack.drill import run_stack_drill
+
+        result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+    if not result["passed"]:
+        raise CommandFailed(f"the stack {args.action} failed: see lost/duplicated/"
+                            "dag_run_state", result)
+    return result
