@@ -1,0 +1,82 @@
+"""`settle instructions [write|status]`: a published day's settlement instructions for its
+settlement date (CSV or ISO 20022 sese.023), and the settlement agent's answer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from settlement.cli.common import CommandFailed, Subparsers, add_command, date, require_services
+from settlement.config import Settings
+
+
+def register(sub: Subparsers) -> None:
+    sp = add_command(sub, "instructions", "a published day's settlement instructions (T+N, "
+                                          "fails carried), or the agent's answer to them",
+                     cmd_instructions)
+    sp.add_argument("action", nargs="?", choices=["write", "status"], default="write",
+                    help="write: the instructions of --date; status: record the settlement "
+                         "agent's answer (--file)")
+    sp.add_argument("--date", type=date, help="write: the trade date YYYY-MM-DD")
+    sp.add_argument("--format", choices=["csv", "iso20022"], default="csv",
+                    help="write: CSV (one line per instruction) or ISO 20022 sese.023 "
+                         "(one SctiesSttlmTxInstr per line, schema-checked)")
+    sp.add_argument("--out", type=Path, default=None,
+                    help="write: the file to write (default: beside the audit reports, "
+                         "instructions/DATE-runN.csv|xml)")
+    sp.add_argument("--file", type=Path, default=None,
+                    help="status: the agent's answer, CSV with the header instruction_id,"
+                         "status[,settled_quantity] (status settled|failed; a partial is "
+                         "settled with its settled_quantity)")
+
+
+def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.instructions.store import InstructionsError
+
+    require_services(s, kafka=False)
+    try:
+        if args.action == "status":
+            return _status(args, s)
+        return _write(args, s)
+    except InstructionsError as e:
+        raise CommandFailed(str(e), {"error": str(e)}) from None
+
+
+def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.instructions.files import default_path, write
+    from settlement.instructions.store import instructions
+
+    if args.date is None:
+        raise CommandFailed("settle instructions needs --date YYYY-MM-DD (the trade date "
+                            "whose published run's instructions to write)", {})
+    day = instructions(s, args.date)
+    path = args.out or default_path(Path(s.reports_dir), day, args.format)
+    write(day, args.format, path, s.settlement_currency)
+    return {**day.as_dict(), "format": args.format, "path": str(path)}
+
+
+def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.instructions.store import apply_answers
+
+    if args.file is None:
+        raise CommandFailed("settle instructions status needs --file STATUS.csv (the "
+                            "settlement agent's answer)", {})
+    out = apply_answers(s, args.file)
+    for over in out["over_threshold"]:
+        _alert(s, over, out["fails_alert_share"])
+    return out
+
+
+def _alert(s: Settings, over: dict[str, Any], share: float) -> None:
+    """Fails above the configured share of a settlement date's instructions: the same
+    channels as the close's alerts (e-mail, webhook, the log)."""
+    from settlement.orchestration.alerts import Alert, day_verdict, deliver
+    from settlement.orchestration.links import airflow_base_url
+
+    detail = (f"{over['open_fails']} of {over['instructions']} instructions for settlement on "
+              f"{over['settlement_date']} failed or settled in part ({over['share']:.1%}, above "
+              f"SETTLE_FAILS_ALERT_SHARE {share:.1%}); they are carried into the next "
+              "settlement date's instructions")
+    deliver(Alert("instruction_fails", day_verdict(s, over["trade_date"], airflow_base_url()),
+                  detail), s)

@@ -1,0 +1,244 @@
+"""Instructions in the settlement database: written once per published run, with the fails
+they carry in; the settlement agent's answers recorded all or nothing."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from settlement.config import Settings
+from settlement.db import connect, q
+from settlement.instructions.calendar import CalendarError, settlement_date
+from settlement.instructions.model import (
+    STATUS_COLUMNS,
+    CarriedFail,
+    Instruction,
+    Net,
+    build,
+    unsettled_part,
+)
+
+
+class InstructionsError(ValueError):
+    """Instructions cannot be given (the day is not published, the date has no settlement
+    date) or an answer file is refused; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class InstructionSet:
+    trade_date: str
+    settlement_date: str
+    run_id: int
+    version: int
+    lines: list[Instruction]
+    carried_in: list[str] = field(default_factory=list)  # the fails these lines took over
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trade_date": self.trade_date, "settlement_date": self.settlement_date,
+                "run_id": self.run_id, "version": self.version,
+                "instructions": len(self.lines), "carried_in": self.carried_in}
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> list[Instruction]:
+    return [Instruction(*r) for r in rows]
+
+
+def instructions(settings: Settings, trade_date: str) -> InstructionSet:
+    """The published run's instructions for its settlement date, written on first use (in
+    one transaction with the fails they carry in, so a fail is carried once)."""
+    s = settings.for_component("settlement")
+    with connect(s.settlement_dsn) as conn, conn.transaction():
+        conn.execute(q("instructions", "lock"))
+        row = conn.execute(q("instructions", "published_run"),
+                           {"trade_date": trade_date}).fetchone()
+        if row is None:
+            raise InstructionsError(f"{trade_date} has no published run: settle it first "
+                                    f"(settle eod --date {trade_date})")
+        run_id, sdate, version = int(row[0]), row[1], int(row[2])
+        have = _rows(conn.execute(q("instructions", "run_instructions"),
+                                  {"run_id": run_id}).fetchall())
+        if sdate is None:
+            try:
+                sdate = settlement_date(s, trade_date)
+            except CalendarError as e:
+                raise InstructionsError(f"{trade_date}: no settlement date: {e}") from None
+        if have:
+            carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
+            return InstructionSet(trade_date, str(sdate), run_id, version, have, carried)
+        return _write(conn, trade_date, str(sdate), run_id, version)
+
+
+def _write(conn: psycopg.Connection, trade_date: str, sdate: str, run_id: int,
+           version: int) -> InstructionSet:
+    params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": sdate}
+    nets = {(a, sym): Net(int(qty), Decimal(cash)) for a, sym, qty, cash in
+            conn.execute(q("instructions", "run_nets"), params)}
+    fails = [CarriedFail(i, a, sym, int(qty), Decimal(amt)) for i, a, sym, qty, amt in
+             conn.execute(q("instructions", "open_fails"), params)]
+    lines = build(run_id, version, trade_date, sdate, nets, fails)
+    with conn.cursor() as cur:
+        cur.executemany(q("instructions", "insert_instruction"),
+                        [{**line._asdict(), "run_id": run_id} for line in lines])
+    carried = [f.instruction_id for f in fails]
+    if carried:
+        conn.execute(q("instructions", "carry"), {"run_id": run_id, "ids": carried})
+    return InstructionSet(trade_date, sdate, run_id, version, lines, carried)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One line of the settlement agent's answer file."""
+
+    line: int
+    instruction_id: str
+    status: str
+    settled_quantity: int | None
+
+
+def read_answers(path: Path) -> list[Answer]:
+    """The answer file (CSV: instruction_id, status, optional settled_quantity), every line
+    checked before anything is applied; the errors name their lines."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InstructionsError(f"{path}: cannot read the answer file: {e}") from None
+    rows = list(csv.reader(text.splitlines()))
+    header = [c.strip() for c in rows[0]] if rows else []
+    if header not in (list(STATUS_COLUMNS[:2]), list(STATUS_COLUMNS)):
+        raise InstructionsError(f"{path}: the first line must be the header "
+                                f"{','.join(STATUS_COLUMNS[:2])}[,{STATUS_COLUMNS[2]}]")
+    errors: list[str] = []
+    out: list[Answer] = []
+    seen: set[str] = set()
+    for n, row in enumerate(rows[1:], start=2):
+        if not any(c.strip() for c in row):
+            continue
+        cells = [c.strip() for c in row] + [""] * (3 - len(row))
+        iid, status, settled = cells[0], cells[1], cells[2]
+        if len(row) > len(header) or not iid:
+            errors.append(f"line {n}: expected {len(header)} fields with an instruction_id")
+            continue
+        if status not in ("settled", "failed"):
+            errors.append(f"line {n}: status {status!r} is neither 'settled' nor 'failed'")
+            continue
+        qty: int | None = None
+        if settled:
+            if not settled.isdigit():
+                errors.append(f"line {n}: settled_quantity {settled!r} is not a whole number")
+                continue
+            if status == "failed":
+                errors.append(f"line {n}: a failed instruction settled nothing; a partial "
+                              "settlement is status 'settled' with its settled_quantity")
+                continue
+            qty = int(settled)
+        if iid in seen:
+            errors.append(f"line {n}: {iid} is answered twice in this file")
+            continue
+        seen.add(iid)
+        out.append(Answer(n, iid, status, qty))
+    if errors:
+        raise InstructionsError(f"{path}: nothing applied: " + "; ".join(errors))
+    if not out:
+        raise InstructionsError(f"{path}: no answers in the file: nothing applied")
+    return out
+
+
+def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
+    """``settle instructions status --file``: record the agent's answers, all or none. A fail
+    (or the unsettled rest of a partial) is carried into the next settlement date's
+    instructions until reported settled."""
+    answers = read_answers(path)
+    s = settings.for_component("settlement")
+    counts = {"settled": 0, "failed": 0, "partial": 0, "unchanged": 0}
+    with connect(s.settlement_dsn) as conn, conn.transaction():
+        conn.execute(q("instructions", "lock"))
+        known = {r[0]: r for r in conn.execute(q("instructions", "for_status"),
+                                               {"ids": [a.instruction_id for a in answers]})}
+        errors: list[str] = []
+        todo: list[tuple[Answer, Instruction]] = []
+        for a in answers:
+            row = known.get(a.instruction_id)
+            if row is None:
+                errors.append(f"line {a.line}: unknown instruction {a.instruction_id}")
+                continue
+            instr, current, had, had_qty = Instruction(*row[:11]), row[11], row[12], row[13]
+            why = _refusal(a, instr, bool(current), had, had_qty)
+            if why == "":
+                counts["unchanged"] += 1
+            elif why:
+                errors.append(f"line {a.line}: {a.instruction_id}: {why}")
+            else:
+                todo.append((a, instr))
+        if errors:
+            raise InstructionsError(f"{path}: nothing applied: " + "; ".join(errors))
+        dates: set[str] = set()
+        for a, instr in todo:
+            rest = unsettled_part(instr, None if a.status == "failed" else
+                                  (a.settled_quantity if a.settled_quantity is not None
+                                   else instr.quantity))
+            kind = ("failed" if a.status == "failed" else
+                    "partial" if rest is not None else "settled")
+            counts[kind] += 1
+            conn.execute(q("instructions", "insert_status"), {
+                "instruction_id": a.instruction_id, "status": a.status,
+                "settled_quantity": a.settled_quantity,
+                "open_quantity": 0 if rest is None else rest.quantity,
+                "open_amount": Decimal(0) if rest is None else rest.amount,
+                "source_file": str(path)})
+            dates.add(instr.settlement_date)
+        shares = [{"settlement_date": d, "trade_date": t, "instructions": int(n),
+                   "open_fails": int(f), "share": round(int(f) / int(n), 4)}
+                  for d, t, n, f in conn.execute(q("instructions", "fail_share"),
+                                              {"dates": sorted(dates)})]
+    return {"file": str(path), **counts, "fail_shares": shares,
+            "over_threshold": [x for x in shares if x["share"] > s.fails_alert_share],
+            "fails_alert_share": s.fails_alert_share}
+
+
+def _refusal(a: Answer, instr: Instruction, current: bool, had: str | None,
+             had_qty: int | None) -> str | None:
+    """Why an answer is refused (None: apply it; "": the same answer was recorded already)."""
+    if had is not None:
+        if had == a.status and had_qty == a.settled_quantity:
+            return ""
+        return (f"already answered {had}"
+                + (f" ({had_qty} settled)" if had_qty is not None else "")
+                + "; an answer is final: a fail is carried forward and answered there")
+    if not current:
+        return (f"superseded: {instr.trade_date} was published again after it; answer the "
+                "current instructions (settle instructions --date "
+                f"{instr.trade_date})")
+    if a.settled_quantity is not None:
+        if instr.quantity == 0:
+            return "a cash-only instruction settles whole or fails: no settled_quantity"
+        if a.settled_quantity > instr.quantity:
+            return (f"settled_quantity {a.settled_quantity} exceeds the instruction's "
+                    f"quantity {instr.quantity}")
+    return None
+
+
+def carried_out(dsn: str, run_id: int) -> list[dict[str, Any]]:
+    """The fails among a run's instructions and where each went (the report page's list)."""
+    with connect(dsn) as conn:
+        return [{"instruction_id": i, "account": a, "symbol": sym, "status": st,
+                 "open_quantity": int(qty), "open_amount": str(amt), "carried_into_run": into}
+                for i, a, sym, st, qty, amt, into in
+                conn.execute(q("instructions", "carried_out"), {"run_id": run_id})]
+
+
+def run_set(dsn: str, run_id: int) -> InstructionSet | None:
+    """A run's instructions as written (None: the run has none), for readers such as the
+    report pages, which serve them from the database rather than from a file."""
+    with connect(dsn) as conn:
+        lines = _rows(conn.execute(q("instructions", "run_instructions"),
+                                   {"run_id": run_id}).fetchall())
+    if not lines:
+        return None
+    carried = sorted({i for line in lines for i in line.carried_from.split(";") if i})
+    return InstructionSet(lines[0].trade_date, lines[0].settlement_date, run_id,
+                          lines[0].version, lines, carried)

@@ -1,0 +1,346 @@
+"""Settlement instructions (issue 43): the settlement calendar, the lines a published day
+yields, the ISO 20022 file against its schema, and fails carried forward on the real
+PostgreSQL through the `settle instructions` commands."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from settlement.config import ConfigError, Settings, load_settings
+from settlement.instructions.calendar import settlement_date, us_bank_holidays
+from settlement.instructions.files import check_iso20022, to_csv, to_iso20022
+from settlement.instructions.model import CarriedFail, Instruction, Net, build, unsettled_part
+from settlement.instructions.store import InstructionSet
+from tests.helpers import ROOT
+
+# -- the settlement calendar (XNYS, US bank holidays) -----------------------------------------
+
+
+@pytest.mark.parametrize(("trade", "settles", "cycle"), [
+    ("2026-11-25", "2026-11-27", "T+1"),  # the day before Thanksgiving settles the Friday
+    ("2026-11-27", "2026-11-30", "T+1"),  # a Friday settles the Monday
+    ("2026-10-09", "2026-10-13", "T+1"),  # Columbus Day: the exchange trades, banks do not
+    ("2026-10-12", "2026-10-13", "T+1"),  # a trade on Columbus Day itself
+    ("2026-11-10", "2026-11-12", "T+1"),  # Veterans Day (a Wednesday in 2026)
+    ("2026-12-31", "2027-01-04", "T+1"),  # New Year's Day and a weekend
+    ("2026-11-25", "2026-11-30", "T+2"),
+    ("2026-11-24", "2026-11-27", "T+2"),
+    ("2026-11-28", "2026-11-30", "T+0"),  # a Saturday: the next settlement day
+])
+def test_settlement_dates_on_the_settlement_calendar(trade: str, settles: str,
+                                                     cycle: str) -> None:
+    assert settlement_date(Settings(settlement_cycle=cycle), trade).isoformat() == settles
+
+
+def test_us_bank_holidays_follow_the_federal_reserve() -> None:
+    # Veterans Day on a Sunday is observed on the Monday; on a Saturday it is not observed.
+    assert us_bank_holidays(2029) == {dt.date(2029, 10, 8), dt.date(2029, 11, 12)}
+    assert us_bank_holidays(2028) == {dt.date(2028, 10, 9)}
+    # Without the bank holidays, Columbus Day settles like any session.
+    assert settlement_date(Settings(settlement_holidays="none"), "2026-10-09") == \
+        dt.date(2026, 10, 12)
+    extra = Settings(settlement_holidays="us-banks,2026-11-27")
+    assert settlement_date(extra, "2026-11-25") == dt.date(2026, 11, 30)
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("SETTLE_SETTLEMENT_CYCLE", "T+7", "T+N with N from 0 to 5"),
+    ("SETTLE_SETTLEMENT_CYCLE", "2", "T+N with N from 0 to 5"),
+    ("SETTLE_SETTLEMENT_HOLIDAYS", "us-banks,2026-13-01", "neither 'us-banks'"),
+    ("SETTLE_SETTLEMENT_CURRENCY", "usd", "ISO 4217"),
+])
+def test_a_bad_settlement_setting_names_itself_and_the_fix(
+        name: str, value: str, says: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=name) as err:
+        load_settings()
+    assert says in str(err.value)
+
+
+# -- the lines of a day ----------------------------------------------------------------------
+
+NETS = {("ACC1", "AAPL"): Net(100, Decimal("-1500.2500")),   # bought: receives, pays
+        ("ACC2", "AAPL"): Net(-100, Decimal("1500.2500")),   # sold: delivers, is paid
+        ("ACC1", "MSFT"): Net(0, Decimal("12.5000")),        # flat, a cash difference
+        ("ACC2", "MSFT"): Net(0, Decimal("-12.5000")),
+        ("ACC3", "IBM"): Net(0, Decimal(0))}                  # nothing to settle
+
+
+def _signed(lines: list[Instruction]) -> dict[tuple[str, str], Net]:
+    return {(x.account, x.symbol): Net(x.signed_quantity, x.signed_amount) for x in lines}
+
+
+def test_a_day_yields_one_line_per_non_zero_net_with_dvp_signs() -> None:
+    lines = build(7, 1, "2026-11-25", "2026-11-27", NETS, [])
+    assert _signed(lines) == {k: v for k, v in NETS.items() if v != Net(0, Decimal(0))}
+    by = {(x.account, x.symbol): x for x in lines}
+    assert by[("ACC1", "AAPL")][5:9] == ("RECE", 100, "PAY", Decimal("1500.2500"))
+    assert by[("ACC2", "AAPL")][5:9] == ("DELI", 100, "RECV", Decimal("1500.2500"))
+    assert by[("ACC1", "MSFT")][5:9] == ("NONE", 0, "RECV", Decimal("12.5000"))  # cash only
+    # Stable: the same run gives the same ids, in (account, symbol) order.
+    assert [x.instruction_id for x in lines] == ["R7-000001", "R7-000002", "R7-000003",
+                                                 "R7-000004"]
+    assert build(7, 1, "2026-11-25", "2026-11-27", dict(reversed(NETS.items())), []) == lines
+
+
+def test_fails_carried_in_sum_with_the_days_net() -> None:
+    fails = [CarriedFail("R3-000001", "ACC1", "AAPL", 40, Decimal("-600.0000")),
+             CarriedFail("R3-000009", "ACC1", "AAPL", 10, Decimal("-150.0000")),
+             CarriedFail("R3-000002", "ACC9", "TSLA", -5, Decimal("90.0000"))]
+    lines = build(8, 1, "2026-11-27", "2026-11-30", NETS, fails)
+    by = {(x.account, x.symbol): x for x in lines}
+    assert _signed(lines)[("ACC1", "AAPL")] == Net(150, Decimal("-2250.2500"))
+    assert by[("ACC1", "AAPL")].carried_from == "R3-000001;R3-000009"
+    assert by[("ACC9", "TSLA")][5:11] == ("DELI", 5, "RECV", Decimal("90.0000"), 1,
+                                          "R3-000002")
+    # A fail today's opposite net cancels leaves no line.
+    cancel = [CarriedFail("R3-000004", "ACC2", "AAPL", 100, Decimal("-1500.2500"))]
+    assert ("ACC2", "AAPL") not in _signed(build(8, 1, "d", "s", NETS, cancel))
+
+
+def test_a_partial_carries_the_exact_remainder() -> None:
+    line = Instruction("R1-000001", "2026-11-25", "2026-11-27", "A", "X", "DELI", 3, "RECV",
+                       Decimal("100.0000"), 1, "")
+    rest = unsettled_part(line, 1)
+    assert rest is not None and rest.quantity == -2
+    assert rest.amount == Decimal("66.6667")  # 33.3333 paid with the one delivered
+    assert Decimal("100.0000") - rest.amount == Decimal("33.3333")
+    assert unsettled_part(line, 3) is None
+    assert unsettled_part(line, None) == CarriedFail("R1-000001", "A", "X", -3,
+                                                     Decimal("100.0000"))
+
+
+# -- ISO 20022 --------------------------------------------------------------------------------
+
+SESE = "{urn:iso:std:iso:20022:tech:xsd:sese.023.001.11}"
+
+
+def _day(lines: list[Instruction]) -> InstructionSet:
+    return InstructionSet("2026-11-25", "2026-11-27", 7, 1, lines)
+
+
+def test_the_iso20022_file_holds_one_valid_instruction_per_csv_line() -> None:
+    import xml.etree.ElementTree as ET
+
+    from python_iso20022.sese.sese_023_001_11.models import Sese02300111
+    from xsdata.formats.dataclass.parsers import XmlParser
+    from xsdata.formats.dataclass.parsers.config import ParserConfig
+
+    lines = build(7, 1, "2026-11-25", "2026-11-27", NETS,
+                  [CarriedFail("R3-000001", "ACC1", "AAPL", 40, Decimal("-600.0000"))])
+    text = to_iso20022(_day(lines), "USD")  # schema-checked inside
+    csv_rows = list(csv.DictReader(io.StringIO(to_csv(lines))))
+    docs = ET.fromstring(text).findall(f"{SESE}Document")
+    assert len(docs) == len(csv_rows) == len(lines)
+    # Parsed by the published schema's generated model, strictly (an unknown element fails).
+    parser = XmlParser(config=ParserConfig(fail_on_unknown_properties=True,
+                                           fail_on_unknown_attributes=True))
+    for doc, row in zip(docs, csv_rows, strict=True):
+        msg = parser.from_string(ET.tostring(doc, encoding="unicode"), Sese02300111)
+        tx = msg.scties_sttlm_tx_instr
+        assert tx.tx_id == row["instruction_id"]
+        assert str(tx.trad_dtls.sttlm_dt.dt.dt) == row["settlement_date"] == "2026-11-27"
+        assert tx.qty_and_acct_dtls.sfkpg_acct.id == row["account"]
+        assert tx.qty_and_acct_dtls.sttlm_qty.qty.unit == Decimal(row["quantity"])
+        assert tx.fin_instrm_id.othr_id[0].id == row["symbol"]
+        movement = tx.sttlm_tp_and_addtl_params.scties_mvmnt_tp.value
+        if row["side"] != "NONE":
+            assert movement == row["side"]
+        if row["payment"] == "NONE":
+            assert tx.sttlm_amt is None
+        else:
+            assert tx.sttlm_amt.amt.value == Decimal(row["amount"])
+            assert tx.sttlm_amt.cdt_dbt_ind.value == {"RECV": "CRDT", "PAY": "DBIT"}[
+                row["payment"]]
+    assert "CARRIED R3-000001" in text
+
+
+def test_the_schema_check_refuses_what_sese023_does_not_allow() -> None:
+    lines = build(7, 1, "2026-11-25", "2026-11-27", NETS, [])
+    good = to_iso20022(_day(lines), "USD")
+    for bad, why in ((good.replace("<sese:TxId>R7-000001", "<sese:TxId>" + "X" * 36), "TxId"),
+                     (good.replace("NETT", "SWAP", 1), "Cd"),
+                     (good.replace('Ccy="USD"', 'Ccy="usd"', 1), "Ccy"),
+                     (good.replace("<sese:Pmt>APMT</sese:Pmt>", "", 1), "Pmt")):
+        assert bad != good, why
+        with pytest.raises(ValueError, match="fail their schema"):
+            check_iso20022(bad)
+
+
+# -- on the real PostgreSQL -------------------------------------------------------------------
+
+
+def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net]) -> int:
+    """A published run holding ``nets`` as its positions (the netting itself is tested
+    elsewhere: here the day's published positions are the input)."""
+    from settlement.db import connect
+    from settlement.eod.model import SourceChoice
+    from settlement.eod.pipeline import finish_run, publish, start_run
+
+    s = isolated.settings.for_component("settlement")
+    run = start_run(s, trade_date, SourceChoice("db", "instructions test"))
+    with connect(s.settlement_dsn) as conn:
+        for (account, symbol), net in nets.items():
+            bought, sold = max(net.quantity, 0), max(-net.quantity, 0)
+            buy, sell = max(-net.amount, Decimal(0)), max(net.amount, Decimal(0))
+            conn.execute("insert into run_positions values (%s, %s, %s, %s, %s, %s, %s, %s,"
+                         " %s, %s, 1)", (run, trade_date, account, symbol, bought, sold,
+                                         net.quantity, buy, sell, net.amount))
+        conn.commit()
+    publish(s, run, trade_date, None)
+    finish_run(s, run, "succeeded", {})
+    return run
+
+
+def _settle(args: list[str], env: dict[str, str], ok: bool = True) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-m", "settlement.cli", *args, "--json"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (res.returncode == 0) == ok, res.stderr[-2000:] + res.stdout[-2000:]
+    return {**json.loads(res.stdout.strip().splitlines()[-1]), "stdout": res.stdout,
+            "stderr": res.stderr}
+
+
+def _csv(path: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(open(path, encoding="utf-8")))
+
+
+def _answer(tmp_path: Path, name: str, rows: list[tuple[str, ...]],
+            header: str = "instruction_id,status,settled_quantity") -> Path:
+    path = tmp_path / name
+    path.write_text(header + "\n" + "".join(",".join(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.services
+def test_a_published_day_yields_its_instructions_and_fails_are_carried_forward(
+        isolated: Any, tmp_path: Path) -> None:
+    """Wednesday 2026-11-25 settles Friday 2026-11-27; three of its instructions fail and one
+    settles in part; Friday's trades settle Monday 2026-11-30, and Friday's instructions
+    carry the fails, summed with Friday's net for the same account and instrument."""
+    env = {**isolated.env, "SETTLE_FAILS_ALERT_SHARE": "0.5"}
+    wed = {("A1", "AAPL"): Net(100, Decimal("-1500.0000")),
+           ("A2", "AAPL"): Net(-100, Decimal("1500.0000")),
+           ("A1", "MSFT"): Net(-30, Decimal("900.3000")),
+           ("A3", "MSFT"): Net(30, Decimal("-900.3000")),
+           ("A4", "IBM"): Net(0, Decimal("5.0000")),
+           ("A5", "IBM"): Net(0, Decimal("-5.0000"))}
+    run = _publish(isolated, "2026-11-25", wed)
+    out = _settle(["instructions", "--date", "2026-11-25"], env)
+    assert {k: out[k] for k in ("trade_date", "settlement_date", "run_id", "version",
+                                "instructions")} == {
+        "trade_date": "2026-11-25", "settlement_date": "2026-11-27", "run_id": run,
+        "version": 1, "instructions": 6}
+    rows = _csv(out["path"])
+    assert {(r["account"], r["symbol"]): Net(
+        int(r["quantity"]) * {"RECE": 1, "DELI": -1, "NONE": 0}[r["side"]],
+        Decimal(r["amount"]) * {"RECV": 1, "PAY": -1, "NONE": 0}[r["payment"]])
+        for r in rows} == wed
+    assert {r["settlement_date"] for r in rows} == {"2026-11-27"}
+    again = _settle(["instructions", "--date", "2026-11-25"], env)
+    assert _csv(again["path"]) == rows  # the same run, the same ids and lines
+    iso = _settle(["instructions", "--date", "2026-11-25", "--format", "iso20022", "--out",
+                   str(tmp_path / "wed.xml")], env)
+    check_iso20022((tmp_path / "wed.xml").read_text())
+    assert iso["path"] == str(tmp_path / "wed.xml")
+    assert (tmp_path / "wed.xml").read_text().count("<sese:SctiesSttlmTxInstr>") == 6
+
+    ids = {(r["account"], r["symbol"]): r["instruction_id"] for r in rows}
+    answer = _answer(tmp_path, "wed-status.csv", [
+        (ids[("A1", "AAPL")], "failed", ""), (ids[("A2", "AAPL")], "failed", ""),
+        (ids[("A4", "IBM")], "failed", ""), (ids[("A1", "MSFT")], "settled", "10"),
+        (ids[("A3", "MSFT")], "settled", ""), (ids[("A5", "IBM")], "settled", "")])
+    status = _settle(["instructions", "status", "--file", str(answer)], env)
+    assert (status["failed"], status["partial"], status["settled"]) == (3, 1, 2), status
+    # 4 of 6 open: above the 0.5 share, an alert on the close's channels (the log here).
+    assert status["over_threshold"][0]["open_fails"] == 4
+    assert "ALERT [settlement] 2026-11-25: settlement FAILS above their threshold" in \
+        status["stdout"]
+
+    fri = {("A1", "AAPL"): Net(20, Decimal("-310.0000")),
+           ("A2", "AAPL"): Net(-20, Decimal("310.0000")),
+           ("A6", "TSLA"): Net(5, Decimal("-1000.0000")),
+           ("A7", "TSLA"): Net(-5, Decimal("1000.0000"))}
+    _publish(isolated, "2026-11-27", fri)
+    later = _settle(["instructions", "--date", "2026-11-27"], env)
+    assert later["settlement_date"] == "2026-11-30"
+    assert sorted(later["carried_in"]) == sorted(
+        [ids[("A1", "AAPL")], ids[("A2", "AAPL")], ids[("A4", "IBM")], ids[("A1", "MSFT")]])
+    friday = {(r["account"], r["symbol"]): r for r in _csv(later["path"])}
+    expected = {("A1", "AAPL"): Net(120, Decimal("-1810.0000")),   # 100 failed + 20 today
+                ("A2", "AAPL"): Net(-120, Decimal("1810.0000")),
+                ("A4", "IBM"): Net(0, Decimal("5.0000")),           # cash only, carried
+                ("A1", "MSFT"): Net(-20, Decimal("600.2000")),      # 10 of 30 delivered
+                ("A6", "TSLA"): Net(5, Decimal("-1000.0000")),
+                ("A7", "TSLA"): Net(-5, Decimal("1000.0000"))}
+    assert {k: Net(int(r["quantity"]) * {"RECE": 1, "DELI": -1, "NONE": 0}[r["side"]],
+                   Decimal(r["amount"]) * {"RECV": 1, "PAY": -1, "NONE": 0}[r["payment"]])
+            for k, r in friday.items()} == expected
+    assert friday[("A1", "AAPL")]["carried_from"] == ids[("A1", "AAPL")]
+    assert friday[("A6", "TSLA")]["carried_from"] == ""
+    # Carried once: settling the Friday lines leaves no open fail.
+    fri_answer = _answer(tmp_path, "fri-status.csv",
+                         [(r["instruction_id"], "settled") for r in friday.values()],
+                         header="instruction_id,status")
+    assert _settle(["instructions", "status", "--file", str(fri_answer)], env)["settled"] == 6
+    st = _settle(["status"], env, ok=False)  # unhealthy: no site runs here; the count is read
+    assert st["settlement"]["open_fails"] == 0
+    assert st["settlement"]["runs"][0]["settlement_date"] == "2026-11-30"
+
+
+@pytest.mark.services
+def test_a_bad_answer_is_refused_whole_and_names_its_lines(isolated: Any,
+                                                           tmp_path: Path) -> None:
+    from settlement.db import connect
+
+    env = isolated.env
+    day = {("A1", "AAPL"): Net(10, Decimal("-100.0000")),
+           ("A2", "AAPL"): Net(-10, Decimal("100.0000"))}
+    _publish(isolated, "2026-11-23", day)
+    first = _settle(["instructions", "--date", "2026-11-23"], env)
+    a1, a2 = (r["instruction_id"] for r in _csv(first["path"]))
+
+    def refused(rows: list[tuple[str, ...]], says: str, header: str | None = None) -> None:
+        path = _answer(tmp_path, "bad.csv", rows, *([header] if header else []))
+        out = _settle(["instructions", "status", "--file", str(path)], env, ok=False)
+        assert "nothing applied" in out["error"] or "header" in out["error"], out["error"]
+        assert says in out["error"], out["error"]
+        with connect(isolated.settings.settlement_dsn) as conn:
+            assert conn.execute("select count(*) from instruction_statuses").fetchone() == (0,)
+
+    refused([(a1, "failed", ""), ("R999-000001", "settled", "")],
+            "unknown instruction R999-000001")
+    refused([(a1, "lost", "")], "line 2: status 'lost'")
+    refused([(a1, "settled", "11")], "exceeds the instruction's quantity 10")
+    refused([(a1, "settled", "x")], "line 2: settled_quantity 'x'")
+    refused([(a1, "failed", "3")], "a failed instruction settled nothing")
+    refused([(a1, "failed", ""), (a1, "settled", "")], "line 3: " + a1 + " is answered twice")
+    refused([(a1, "failed")], "header", header="id,state")
+    # The day published again: the first run's instructions are superseded.
+    _publish(isolated, "2026-11-23", day)
+    refused([(a2, "failed", "")], "superseded")
+    now = _settle(["instructions", "--date", "2026-11-23"], env)
+    assert now["version"] == 2 and now["run_id"] != first["run_id"]
+    fresh = _csv(now["path"])[0]["instruction_id"]
+    ok = _settle(["instructions", "status", "--file",
+                  str(_answer(tmp_path, "ok.csv", [(fresh, "failed", "")]))], env)
+    assert ok["failed"] == 1
+    # The same answer again changes nothing; a different one is refused.
+    same = _settle(["instructions", "status", "--file",
+                    str(_answer(tmp_path, "same.csv", [(fresh, "failed", "")]))], env)
+    assert same["unchanged"] == 1 and same["failed"] == 0
+    out = _settle(["instructions", "status", "--file",
+                   str(_answer(tmp_path, "conflict.csv", [(fresh, "settled", "")]))], env,
+                  ok=False)
+    assert "already answered failed" in out["error"]
+    missing = _settle(["instructions", "--date", "2026-11-24"], env, ok=False)
+    assert "has no published run" in missing["error"]
