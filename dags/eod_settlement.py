@@ -19,7 +19,10 @@ with compressed trading days). It settles one trade date:
    PostgreSQL);
 4. **publish_report**: reads the run's record, names the report (Browse > Audit reports
    opens it); fails the run if validation failed; a published day updates the
-   `settled_trading_day` asset, which downstream DAGs can schedule on.
+   `settled_trading_day` asset, which downstream DAGs can schedule on;
+5. **write_instructions**: the published day's settlement instructions for its settlement
+   date (T+`SETTLE_SETTLEMENT_CYCLE` settlement days), CSV and ISO 20022 sese.023, beside the
+   audit reports, with the fails the settlement agent reported carried in.
 
 Alerts (e-mail to `SETTLE_ALERT_EMAIL` via `smtp_default`, and/or `SETTLE_ALERT_WEBHOOK`;
 runbook in docs/operations.md): a task failed, the day was settled from the database, the
@@ -126,11 +129,15 @@ def eod_settlement() -> None:
         return orch.publish_report(settings, orch.run_outcome(settings, day, params["rerun"]),
                                    outlet_events)
 
+    @task
+    def write_instructions(day: str) -> dict:
+        return orch.write_instructions(orch.settings_from_airflow(), day)
+
     job = prepare()
     day = wait_for_close(job)
     branch = choose_source(day)
     settled = [settle("kafka"), settle("db")]
-    branch >> settled >> publish_report(day)
+    branch >> settled >> publish_report(day) >> write_instructions(day)
 
 
 eod_settlement()

@@ -245,6 +245,18 @@ class Settings(BaseSettings):
                                   "at (a, b...): named in its lease and in `settle status`")
     close_wait_seconds: float = Field(1800.0, ge=0, le=24 * 3600)
 
+    # Settlement instructions (settlement.instructions): a trade settles `settlement_cycle`
+    # settlement business days after its trade date; those are the exchange's sessions
+    # (exchange_calendar) less the bank holidays on which settlement is closed although the
+    # exchange trades (`settlement_holidays`: "us-banks" = Columbus Day and Veterans Day,
+    # "none", plus any YYYY-MM-DD dates, comma-separated). Fails reported above
+    # `fails_alert_share` of a settlement date's instructions raise an alert.
+    settlement_cycle: str = Field("T+1", description="T+N, N settlement days (0-5)")
+    settlement_holidays: str = "us-banks"
+    settlement_currency: str = Field("USD", description="ISO 4217 code of the settlement "
+                                     "amounts")
+    fails_alert_share: float = Field(0.05, ge=0, le=1)
+
     # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
                                    "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")
@@ -314,6 +326,34 @@ class Settings(BaseSettings):
     @classmethod
     def _gx_dir(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("settlement_cycle")
+    @classmethod
+    def _cycle(cls, v: str) -> str:
+        if not re.fullmatch(r"T\+[0-5]", v.strip()):
+            raise ValueError("expected T+N with N from 0 to 5, e.g. T+1 (US equities since "
+                             "May 2024) or T+2")
+        return v.strip()
+
+    @field_validator("settlement_holidays")
+    @classmethod
+    def _holidays(cls, v: str) -> str:
+        for part in (x.strip() for x in v.split(",") if x.strip()):
+            if part in ("us-banks", "none"):
+                continue
+            try:
+                dt.date.fromisoformat(part)
+            except ValueError:
+                raise ValueError(f"{part!r} is neither 'us-banks', 'none' nor a YYYY-MM-DD "
+                                 "date") from None
+        return v
+
+    @field_validator("settlement_currency")
+    @classmethod
+    def _currency(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Z]{3}", v):
+            raise ValueError("expected an ISO 4217 code of three capital letters, e.g. USD")
+        return v
 
     @field_validator("eod_compressed")
     @classmethod

@@ -264,14 +264,20 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
                           "at": at.isoformat(timespec="seconds"), "reason": why}
                          for run, d, holder, at, why
                          in conn.execute(q("lease", "abandoned_runs"), {"days": days})]
+            # Instructions the settlement agent reported failed (or settled in part) that no
+            # later settlement date's instructions have taken over yet.
+            open_fails = int(conn.execute(  # type: ignore[index]
+                q("instructions", "open_fail_count")).fetchone()[0])
     except psycopg.Error as e:
         return {"error": redact(str(e).strip())[:300], "runs": []}
     cols = ("trade_date", "run_id", "source", "status", "validation_success", "published",
-            "finished_at", "report_path", "error")
+            "finished_at", "report_path", "error", "settlement_date")
     runs = []
     for r in rows:
         d = dict(zip(cols, r, strict=True))
         d["trade_date"] = d["trade_date"].isoformat()
         d["finished_at"] = d["finished_at"] and d["finished_at"].isoformat(timespec="seconds")
+        d["settlement_date"] = d["settlement_date"] and d["settlement_date"].isoformat()
         runs.append(d)
-    return {"runs": runs, "closes_in_progress": closes, "abandoned": abandoned}
+    return {"runs": runs, "closes_in_progress": closes, "abandoned": abandoned,
+            "open_fails": open_fails}

@@ -160,6 +160,18 @@ CREATE SEQUENCE public.ingest_batches_id_seq
     NO MAXVALUE
     CACHE 1;
 ALTER SEQUENCE public.ingest_batches_id_seq OWNED BY public.ingest_batches.id;
+CREATE TABLE public.instruction_statuses (
+    instruction_id text NOT NULL,
+    status text NOT NULL,
+    settled_quantity bigint,
+    open_quantity bigint NOT NULL,
+    open_amount numeric(28,4) NOT NULL,
+    reported_at timestamp with time zone DEFAULT now() NOT NULL,
+    source_file text,
+    carried_into_run bigint,
+    CONSTRAINT instruction_statuses_settled_quantity_check CHECK ((settled_quantity >= 0)),
+    CONSTRAINT instruction_statuses_status_check CHECK ((status = ANY (ARRAY['settled'::text, 'failed'::text])))
+);
 CREATE TABLE public.instrument_summary (
     trade_date date NOT NULL,
     symbol text NOT NULL,
@@ -220,6 +232,29 @@ CREATE TABLE public.run_positions (
     net_cash numeric(28,4) CONSTRAINT positions_net_cash_not_null NOT NULL,
     trade_count bigint CONSTRAINT positions_trade_count_not_null NOT NULL
 );
+CREATE TABLE public.settlement_instructions (
+    instruction_id text NOT NULL,
+    run_id bigint NOT NULL,
+    trade_date date NOT NULL,
+    settlement_date date NOT NULL,
+    account text NOT NULL,
+    symbol text NOT NULL,
+    side text NOT NULL,
+    quantity bigint NOT NULL,
+    payment text NOT NULL,
+    amount numeric(28,4) NOT NULL,
+    version integer NOT NULL,
+    carried_from text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT settlement_instructions_amount_check CHECK ((amount >= (0)::numeric)),
+    CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
+    CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
+    CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
+    CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
+    CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
+    CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
+    CONSTRAINT settlement_instructions_version_check CHECK ((version >= 1))
+);
 CREATE TABLE public.settlement_runs (
     run_id bigint NOT NULL,
     trade_date date NOT NULL,
@@ -245,6 +280,7 @@ CREATE TABLE public.settlement_runs (
     accepted_incomplete text,
     holder text,
     fencing_token bigint,
+    settlement_date date,
     CONSTRAINT settlement_runs_source_check CHECK ((source = ANY (ARRAY['kafka'::text, 'db'::text]))),
     CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'abandoned'::text])))
 );
@@ -334,6 +370,8 @@ ALTER TABLE ONLY public.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
 ALTER TABLE ONLY public.ingest_batches
     ADD CONSTRAINT ingest_batches_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.instruction_statuses
+    ADD CONSTRAINT instruction_statuses_pkey PRIMARY KEY (instruction_id);
 ALTER TABLE ONLY public.instrument_summary
     ADD CONSTRAINT instrument_summary_pkey PRIMARY KEY (trade_date, symbol);
 ALTER TABLE ONLY public.positions
@@ -346,6 +384,10 @@ ALTER TABLE ONLY public.run_instrument_summary
     ADD CONSTRAINT run_instrument_summary_pkey PRIMARY KEY (run_id, symbol);
 ALTER TABLE ONLY public.run_positions
     ADD CONSTRAINT run_positions_pkey PRIMARY KEY (run_id, account, symbol);
+ALTER TABLE ONLY public.settlement_instructions
+    ADD CONSTRAINT settlement_instructions_pkey PRIMARY KEY (instruction_id);
+ALTER TABLE ONLY public.settlement_instructions
+    ADD CONSTRAINT settlement_instructions_run_id_account_symbol_key UNIQUE (run_id, account, symbol);
 ALTER TABLE ONLY public.settlement_runs
     ADD CONSTRAINT settlement_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.site_heartbeats
@@ -355,6 +397,8 @@ ALTER TABLE ONLY public.trades
 CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingested_at);
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
+CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btree (instruction_id) WHERE ((carried_into_run IS NULL) AND ((open_quantity <> 0) OR (open_amount <> (0)::numeric)));
+CREATE INDEX settlement_instructions_date ON public.settlement_instructions USING btree (settlement_date);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);
 CREATE INDEX site_heartbeats_time ON public.site_heartbeats USING btree (beat_at);
@@ -366,6 +410,10 @@ ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.close_leases
     ADD CONSTRAINT close_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.instruction_statuses
+    ADD CONSTRAINT instruction_statuses_carried_into_run_fkey FOREIGN KEY (carried_into_run) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.instruction_statuses
+    ADD CONSTRAINT instruction_statuses_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
 ALTER TABLE ONLY public.published_days
     ADD CONSTRAINT published_days_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.run_cash_obligations
@@ -374,3 +422,5 @@ ALTER TABLE ONLY public.run_instrument_summary
     ADD CONSTRAINT run_instrument_summary_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.run_positions
     ADD CONSTRAINT run_positions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.settlement_instructions
+    ADD CONSTRAINT settlement_instructions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);

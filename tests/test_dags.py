@@ -70,7 +70,8 @@ def test_eod_shape(dags: dict) -> None:
     assert dag.params["rerun"] is False  # a DAG run settles a settled date only if asked
     ids = set(dag.task_ids)
     assert {"prepare", "wait_for_close", "choose_source", "settle_from_kafka", "settle_from_db",
-            "publish_report"} <= ids
+            "publish_report", "write_instructions"} <= ids
+    assert dag.get_task("publish_report").downstream_task_ids == {"write_instructions"}
     # The Spark job validates the day it read (no second read in another task).
     assert "validate_and_report" not in ids
     assert dag.get_task("wait_for_close").mode == "reschedule"
@@ -198,6 +199,11 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
                            " from settlement_runs where trade_date = %s", (day,)).fetchone()
     assert row[:4] == ("kafka", "succeeded", sim["trades"], True)
     assert Path(row[4]).exists()
+    # The settlement instructions, written after publication: Friday settles on Monday.
+    sent = run.get_task_instance("write_instructions").xcom_pull(task_ids="write_instructions")
+    assert sent["settlement_date"] == "2026-11-30" and sent["instructions"] > 0, sent
+    assert {Path(p).suffix for p in sent["paths"].values()} == {".csv", ".xml"}
+    assert all(Path(p).exists() for p in sent["paths"].values())
 
     # No password reached XCom or rendered fields (the ones this run stored: the
     # spark-submit task's and the report path it pushed are among them).

@@ -24,6 +24,7 @@ from settlement.cli import (
     demo,
     drill,
     eod,
+    instructions,
     kafka,
     services,
     simulate,
@@ -37,7 +38,7 @@ from settlement.errors import redact
 
 # In the order `settle --help` lists their commands.
 GROUPS: tuple[ModuleType, ...] = (
-    status, services, stack, db, kafka, airflow, simulate, site, eod, drill, demo,
+    status, services, stack, db, kafka, airflow, simulate, site, eod, instructions, drill, demo,
 )
 
 

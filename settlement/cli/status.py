@@ -74,13 +74,14 @@ def _print_status(out: dict[str, Any]) -> None:
                      f"{led['close_markers']}/{led['partitions_total']}",
                      str(led["dead_letters_today"]))
     runs = Table(title="last settlement run per date", title_justify="left")
-    for col in ("date", "run", "source", "status", "validation", "published", "finished",
-                "report"):
+    for col in ("date", "settles", "run", "source", "status", "validation", "published",
+                "finished", "report"):
         runs.add_column(col)
     for r in out["settlement"].get("runs", []):
         verdict = {True: "[green]passed[/]", False: "[red]failed[/]", None: "-"}[
             r["validation_success"]]
-        runs.add_row(r["trade_date"], str(r["run_id"]), r["source"], r["status"], verdict,
+        runs.add_row(r["trade_date"], str(r.get("settlement_date") or "-"), str(r["run_id"]),
+                     r["source"], r["status"], verdict,
                      "yes" if r["published"] else "no", str(r["finished_at"] or ""),
                      str(r["report_path"] or ""))
     closes = Table(title="closes in progress (one per date, across sites)",
@@ -99,6 +100,11 @@ def _print_status(out: dict[str, Any]) -> None:
                           str(a["reason"] or ""))
     for t in (sites, parts, days, runs, closes, abandoned):
         console.print(t)
+    if "open_fails" in out["settlement"]:
+        fails = out["settlement"]["open_fails"]
+        console.print(f"open settlement fails (carried into the next settlement date): "
+                      f"{'[yellow]' if fails else ''}{fails}{'[/]' if fails else ''}",
+                      highlight=False)
     if out["healthy"]:
         console.print("[bold green]HEALTHY[/]")
     else:

@@ -27,6 +27,8 @@ from settlement.eod.model import (
 )
 from settlement.eod.sources import choose_source, with_reason
 from settlement.errors import redact
+from settlement.instructions import write_files
+from settlement.instructions.calendar import CalendarError, settlement_date
 
 if TYPE_CHECKING:
     from settlement.validation.run import ValidationOutcome
@@ -36,6 +38,10 @@ T = TypeVar("T")
 
 def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
               lease: Lease | None = None) -> int:
+    try:
+        settles_on = settlement_date(settings, trade_date)
+    except CalendarError:
+        settles_on = None  # a date outside the calendar: `settle instructions` says why
     with connect(settings.settlement_dsn) as conn:
         row = conn.execute(q("eod", "start_run"), {
             "trade_date": trade_date, "source": choice.source, "source_reason": choice.reason,
@@ -43,6 +49,7 @@ def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
                                    "marker_offsets": choice.marker_offsets()}),
             "holder": None if lease is None else lease.holder,
             "token": None if lease is None else lease.token,
+            "settlement_date": settles_on,
         }).fetchone()
         conn.commit()
     assert row is not None
@@ -255,12 +262,13 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                 pub = Publication(False, None, f"not published: {e}; this run's results "
                                   "are kept in the run_* tables", superseded_by=e.newer_run)
                 say(pub.note)
+        sent, sent_error = _instructions(settings, trade_date, pub, result.timings, say)
         report, report_error = None, None
         if outcome is not None:
             say("writing the audit report")
             try:
                 report = _timed(result.timings, "report", lambda: write_report(
-                    settings, run_id, trade_date, choice, result, outcome, pub))
+                    settings, run_id, trade_date, choice, result, outcome, pub, sent))
             except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
                 # The day may already be published: a report that cannot be written is
                 # recorded against the run, never turned into a failed settlement.
@@ -275,9 +283,13 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         status = ("failed" if outcome is not None and not pub.published
                   and pub.superseded_by is None else "succeeded")
         error = None if status == "succeeded" else pub.note
-        if report_error is not None:
-            error = f"{error}; {report_error}" if error else report_error
-            summary["report_error"] = report_error
+        for key, why in (("instructions_error", sent_error), ("report_error", report_error)):
+            if why is not None:
+                error = f"{error}; {why}" if error else why
+                summary[key] = why
+        if sent is not None:
+            summary["settlement_date"] = sent["settlement_date"]
+            summary["instructions"] = sent
         finish_run(settings, run_id, status, summary, error=error)
         finished = True
         summary["status"] = status
@@ -303,6 +315,27 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         if read is not None:
             read.release()
     return summary
+
+
+def _instructions(settings: Settings, trade_date: str, pub: Publication,
+                  timings: dict[str, float], say: Callable[[str], None]
+                  ) -> tuple[dict[str, Any] | None, str | None]:
+    """A published day's settlement instructions, written to the database and as files
+    beside the report (which links them). Like the report, instructions that cannot be
+    written leave the published day standing: the error is recorded against the run and
+    `settle instructions --date` writes them later."""
+    if not pub.published:
+        return None, None
+    say("writing the settlement instructions")
+    try:
+        sent = _timed(timings, "instructions", lambda: write_files(settings, trade_date))
+    except Exception as e:  # noqa: BLE001 - the day's publication stands without them
+        why = redact(f"the settlement instructions were not written: {type(e).__name__}: {e}")
+        say(why)
+        return None, why
+    say(f"{sent['instructions']} settlement instructions for {sent['settlement_date']}: "
+        + ", ".join(sent["paths"].values()))
+    return sent, None
 
 
 def decide_publication(outcome: ValidationOutcome | None,

@@ -26,11 +26,12 @@ from settlement.orchestration.links import index_url, report_url
 
 log = logging.getLogger(__name__)
 
-AlertKind = Literal["failed", "db_fallback", "late"]
+AlertKind = Literal["failed", "db_fallback", "late", "instruction_fails"]
 TITLES: dict[AlertKind, str] = {
     "failed": "end-of-day settlement FAILED",
     "db_fallback": "settled from the DATABASE (Kafka fallback)",
     "late": "NOT SETTLED by the cutoff",
+    "instruction_fails": "settlement FAILS above their threshold",
 }
 
 

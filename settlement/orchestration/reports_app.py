@@ -175,4 +175,33 @@ def report_json(run_id: int) -> JSONResponse:
 
 @app.get("/runs/{run_id}", response_class=HTMLResponse)
 def report_html(run_id: int) -> HTMLResponse:
-    return HTMLResponse(render_report(_facts(settlement_dsn(), run_id)))
+    dsn = settlement_dsn()
+    facts = _facts(dsn, run_id)
+    if isinstance(facts, dict) and isinstance(facts.get("settlement"), dict):
+        # The page links the instructions served below, and lists the fails the agent has
+        # reported since the report was written (the file cannot know them).
+        from settlement.instructions.store import carried_out
+
+        facts["settlement"] = {**facts["settlement"], "carried_out": carried_out(dsn, run_id),
+                               "files": {"csv": f"{run_id}/instructions.csv",
+                                         "iso20022": f"{run_id}/instructions.xml"}}
+    return HTMLResponse(render_report(facts))
+
+
+@app.get("/runs/{run_id}/instructions.{fmt}")
+def instructions_file(run_id: int, fmt: str) -> Response:
+    """A run's settlement instructions, rendered from the database (never from a file)."""
+    from settlement.config import load_settings
+    from settlement.instructions.files import render
+    from settlement.instructions.store import run_set
+
+    kinds = {"csv": ("csv", "text/csv"), "xml": ("iso20022", "application/xml")}
+    if fmt not in kinds:
+        raise HTTPException(status_code=404, detail="instructions are .csv or .xml")
+    day = run_set(settlement_dsn(), run_id)
+    if day is None:
+        raise HTTPException(status_code=404, detail=f"run {run_id} has no instructions")
+    kind, media = kinds[fmt]
+    return Response(render(day, kind, load_settings().settlement_currency), media_type=media,
+                    headers={"Content-Disposition": f'attachment; filename="{day.trade_date}'
+                             f'-run{run_id}.{fmt}"'})

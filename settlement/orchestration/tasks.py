@@ -253,6 +253,23 @@ def publish_report(settings: Settings, outcome: dict[str, Any],
         f"published day is unchanged): {failures} -- see {path}")
 
 
+def write_instructions(settings: Settings, trade_date: str) -> dict[str, Any]:
+    """After publication: the published day's settlement instructions as CSV and ISO 20022
+    files beside the audit reports (the close wrote them already; a close this site joined
+    was another site's, so this site's files are written here). Idempotent: a run's
+    instructions are fixed once written. The XCom holds paths and counts, no secret."""
+    from settlement.instructions import write_files
+
+    sent = write_files(settings, trade_date)
+    print(f"{sent['instructions']} settlement instructions of {trade_date} (run "
+          f"{sent['run_id']}, version {sent['version']}) settle on {sent['settlement_date']}:")
+    for fmt, path in sent["paths"].items():
+        print(f"  {fmt}: {path}")
+    if sent["carried_in"]:
+        print(f"  fails carried in: {', '.join(sent['carried_in'])}")
+    return sent
+
+
 def run_drill_task(params: dict[str, Any]) -> dict[str, Any]:
     """The failover_drill DAG's task: one drill; raises if it lost or duplicated anything."""
     from airflow.sdk.exceptions import AirflowFailException

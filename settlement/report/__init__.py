@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from settlement.config import Settings
 from settlement.db import connect, q
@@ -30,8 +31,10 @@ class ReportFiles:
 
 def write_report(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
                  result: SettlementResult, outcome: ValidationOutcome,
-                 publication: Publication) -> ReportFiles:
-    facts = gather_facts(settings, run_id, trade_date, choice, result, outcome, publication)
+                 publication: Publication,
+                 instructions: dict[str, Any] | None = None) -> ReportFiles:
+    facts = gather_facts(settings, run_id, trade_date, choice, result, outcome, publication,
+                         instructions)
     out = settings.reports_dir / trade_date
     settings.reports_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     html_path = out / f"audit-{trade_date}-run{run_id}.html"

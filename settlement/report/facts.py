@@ -6,6 +6,7 @@ import datetime as dt
 import re
 from collections import defaultdict
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -117,7 +118,8 @@ def ingest_series(batches: list[tuple[str, dt.datetime, int]], buckets: int = 60
 
 def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: SourceChoice,
                  result: SettlementResult, outcome: ValidationOutcome,
-                 publication: Publication) -> dict[str, Any]:
+                 publication: Publication,
+                 instructions: dict[str, Any] | None = None) -> dict[str, Any]:
     per_partition: dict[int, dict[str, Any]] = defaultdict(dict)
     for p, last in result.close_markers.items():
         per_partition[p]["last_seq"] = last
@@ -167,8 +169,23 @@ def gather_facts(settings: Settings, run_id: int, trade_date: str, choice: Sourc
         "late_trades_in_range": {d: {str(p): n for p, n in sorted(parts.items())}
                                  for d, parts in sorted(result.late_in_range.items())},
         "amendments": amendment_facts(result),
+        "settlement": settlement_facts(instructions),
         "timings": result.timings,
     }
+
+
+def settlement_facts(instructions: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The published day's instructions: its settlement date, how many, the files (by name:
+    they lie beside the report's folder), the fails carried in from earlier dates. The
+    fails carried out are known only once the agent answers: the report page in the UI
+    lists them as they are then (settlement.instructions.store.carried_out)."""
+    if instructions is None:
+        return None
+    return {"settlement_date": instructions["settlement_date"],
+            "instructions": instructions["instructions"], "version": instructions["version"],
+            "files": {fmt: f"../instructions/{Path(path).name}"
+                      for fmt, path in instructions["paths"].items()},
+            "carried_in": instructions["carried_in"], "carried_out": []}
 
 
 def amendment_facts(result: SettlementResult) -> dict[str, Any]:

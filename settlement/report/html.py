@@ -91,6 +91,36 @@ def _amendments_section(a: Any) -> list[str]:
     ]
 
 
+def _settlement_section(st: Any) -> list[str]:
+    """The published day's instructions: settlement date, files, fails carried in and out."""
+    if not isinstance(st, dict):
+        return []
+    files = st.get("files") if isinstance(st.get("files"), dict) else {}
+    links = []
+    for fmt, path in files.items():
+        link = safe_link(path)
+        links.append(f'<a data-instructions="{_e(fmt)}" href="{_e(link)}">{_e(fmt)}</a>'
+                     if link else f"<code>{_e(path)}</code>")
+    carried_in = st.get("carried_in") if isinstance(st.get("carried_in"), list) else []
+    carried_out = st.get("carried_out") if isinstance(st.get("carried_out"), list) else []
+    out = ["<h2>Settlement</h2>",
+           f'<p>Settles on <b data-settlement-date="{_e(st.get("settlement_date"))}">'
+           f'{_e(st.get("settlement_date"))}</b>: {_e(st.get("instructions"))} instruction(s), '
+           f'version {_e(st.get("version"))}. Files: {", ".join(links) or "none"}.</p>',
+           f'<p data-carried-in="{len(carried_in)}">Fails carried in from earlier settlement '
+           f'dates: {_e(", ".join(str(x) for x in carried_in)) or "none"}.</p>']
+    if carried_out:
+        out.append(f'<h3 data-carried-out="{len(carried_out)}">Fails carried out (reported by '
+                   "the settlement agent)</h3>")
+        out.append(_table(["instruction", "account", "symbol", "answer", "open quantity",
+                           "open amount", "carried into run"],
+                          [[x.get("instruction_id"), x.get("account"), x.get("symbol"),
+                            x.get("status"), x.get("open_quantity"), x.get("open_amount"),
+                            x.get("carried_into_run") or "open"]
+                           for x in carried_out if isinstance(x, dict)], {4, 5}))
+    return out
+
+
 def _money(v: Any) -> str:
     try:
         return f"{float(v):,.2f}"  # display only; the JSON keeps the exact decimal string
@@ -211,6 +241,7 @@ def render_html(f: dict[str, Any]) -> str:
                           [[d, p, n] for d, parts in f["late_trades_in_range"].items()
                            for p, n in parts.items()], {2}))
     out.extend(_amendments_section(f.get("amendments")))
+    out.extend(_settlement_section(f.get("settlement")))
     out.append("<h2>Largest obligations</h2>")
     out.append(_table(["account", "net cash", "direction", "bought", "sold", "trades"],
                       [[o["account"], _money(o["net_cash"]),

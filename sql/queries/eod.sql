@@ -24,9 +24,9 @@ group by kafka_partition
 
 -- name: start_run
 insert into settlement_runs (trade_date, source, source_reason, status, offsets, holder,
-                             fencing_token)
+                             fencing_token, settlement_date)
 values (%(trade_date)s, %(source)s, %(source_reason)s, 'running', %(offsets)s, %(holder)s,
-        %(token)s)
+        %(token)s, %(settlement_date)s)
 returning run_id
 
 -- name: finish_run

@@ -19,7 +19,8 @@ order by consumer_group, kafka_partition
 -- name: last_runs
 -- The latest run of each of the newest dates, newest first.
 select r.trade_date, r.run_id, r.source, r.status, r.validation_success,
-       p.run_id is not null and p.run_id = r.run_id, r.finished_at, r.report_path, r.error
+       p.run_id is not null and p.run_id = r.run_id, r.finished_at, r.report_path, r.error,
+       r.settlement_date
 from (select distinct on (trade_date) * from settlement_runs
       order by trade_date desc, started_at desc) r
 left join published_days p on p.trade_date = r.trade_date
