@@ -154,7 +154,23 @@ def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, A
                            f"see {logs / 'eod_settlement.log'}")
     keys = ("source", "source_reason", "settled_trades", "validation_success",
             "netting_efficiency", "report_path")
-    return {"eod_dag_state": state, **dict(zip(keys, row, strict=True))}
+    return {"eod_dag_state": state, **dict(zip(keys, row, strict=True)),
+            **_instructions(settings, opts.trade_date)}
+
+
+def _instructions(settings: Settings, trade_date: str) -> dict[str, Any]:
+    """The settlement date and the instruction files the DAG wrote after publication (the
+    same files again: a run's instructions are fixed once written)."""
+    from settlement.instructions import write_files
+    from settlement.instructions.store import InstructionsError
+
+    try:
+        sent = write_files(settings, trade_date)
+    except InstructionsError as e:
+        return {"instructions": f"none: {e}"}
+    return {"settlement_date": sent["settlement_date"], "instructions": sent["instructions"],
+            "instructions_csv": sent["paths"]["csv"],
+            "instructions_iso20022": sent["paths"]["iso20022"]}
 
 
 def _print_summary(con: Any, summary: dict[str, Any]) -> None:
