@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from consumers.site import Site, SiteOptions
 from settlement import services
+from settlement.close.pipeline import run_eod
 from settlement.config import Settings, load_settings
 from settlement.db import connect
 from settlement.drills.namespace import (
@@ -39,7 +40,6 @@ from settlement.drills.namespace import (
     namespace_settings,
     reset_namespace,
 )
-from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import SimulationSpec, simulate
 from settlement.spark.session import build_session
 

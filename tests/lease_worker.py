@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from settlement.close.pipeline import finish_run, publish, start_run
 from settlement.config import load_settings
 from settlement.eod import lease as close_lease
 from settlement.eod.model import SourceChoice
-from settlement.eod.pipeline import finish_run, publish, start_run
 
 
 def main(trade_date: str, go_file: str, mode: str = "") -> int:

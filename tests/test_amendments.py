@@ -20,10 +20,10 @@ from consumers.parse import (
     decode,
     trade_copy_line,
 )
+from settlement.close.pipeline import run_eod
 from settlement.contract import CANCEL, CORRECT, TYPE_HEADER
 from settlement.db import connect
 from settlement.drills.checker import check_ledger, read_kafka_day
-from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import (
     Amend,
     DayGenerator,

@@ -109,8 +109,8 @@ def test_a_paused_close_is_fenced_after_its_lease_expires(isolated, tmp_path: Pa
     """SIGSTOP the holder past its lease: the next close ends its lease session, takes over
     with a larger token and publishes; the holder, woken, cannot publish and exits saying so.
     Its run is abandoned, none is left running, the day is published once, by the taker."""
+    from settlement.close.pipeline import finish_run, publish, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import finish_run, publish, start_run
 
     go = tmp_path / "go"
     ttl = 3.0
@@ -149,8 +149,8 @@ def test_a_paused_close_is_fenced_after_its_lease_expires(isolated, tmp_path: Pa
 def test_a_close_whose_lease_session_ended_cannot_publish(isolated) -> None:
     """Between a waiter ending an expired holder's session and taking the lease, the token
     is still the holder's: the fence also wants the lease session alive."""
+    from settlement.close.pipeline import finish_run, publish, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import finish_run, publish, start_run
 
     s = isolated.settings.for_component("settlement")
     got, _ = _acquire(isolated.settings)
@@ -184,8 +184,8 @@ def test_a_finished_run_cannot_be_abandoned_and_an_abandoned_one_cannot_finish(
         isolated) -> None:
     """Append-only rows: abandoning touches only running runs; a run abandoned under a close
     cannot then record an outcome (LeaseLost, not a rewritten row)."""
+    from settlement.close.pipeline import finish_run, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import finish_run, start_run
 
     s = isolated.settings.for_component("settlement")
     done = start_run(s, DAY, SourceChoice("db", "first"))

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from settlement.close.pipeline import run_eod
 from settlement.contract import CLOSE_HEADERS, TRADE_HEADERS
 from settlement.db import connect
-from settlement.eod.pipeline import run_eod
 from settlement.simulator.gateway import DayGenerator, SimulationSpec, producer_config
 from tests.conftest import Isolated
 from tests.helpers import POSITIONS, start_site, wait_exit

@@ -112,7 +112,7 @@ def test_late_trades_are_dead_lettered_across_restarts(isolated: Isolated,
     assert len(read_kafka_day(s, DAY1).late) == 3
     # The Kafka source reports them too: DAY2's range holds DAY1's late trades, which the
     # date filter leaves out of DAY2; its report names them by day and partition.
-    from settlement.eod.pipeline import run_eod
+    from settlement.close.pipeline import run_eod
 
     res = run_eod(s, DAY2, source="kafka")
     assert res["trades"] == sim2["trades"] and res["validation_success"], res["validation"]
@@ -165,7 +165,7 @@ def test_a_retention_gap_is_recorded_as_data_loss_not_skipped(isolated: Isolated
     assert [(e["partition"], e["from_offset"], e["to_offset"]) for e in facts] == [
         (0, stored, low)]
     # Validation of the day fails and names the gap; the day is not published.
-    from settlement.eod.pipeline import run_eod
+    from settlement.close.pipeline import run_eod
 
     res = run_eod(s, DAY2, source="db")
     assert not res["validation_success"] and not res["published"]

@@ -183,9 +183,9 @@ def test_the_schema_check_refuses_what_sese023_does_not_allow() -> None:
 def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net]) -> int:
     """A published run holding ``nets`` as its positions (the netting itself is tested
     elsewhere: here the day's published positions are the input)."""
+    from settlement.close.pipeline import finish_run, publish, start_run
     from settlement.db import connect
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import finish_run, publish, start_run
 
     s = isolated.settings.for_component("settlement")
     run = start_run(s, trade_date, SourceChoice("db", "instructions test"))

@@ -209,7 +209,7 @@ def _expected(spec: SimulationSpec) -> dict[tuple[str, str], tuple[Any, ...]]:
 
 @pytest.mark.services
 def test_ledgers_lost_settles_from_kafka_alone(isolated: Isolated, tmp_path: Path) -> None:
-    from settlement.eod.pipeline import run_eod
+    from settlement.close.pipeline import run_eod
 
     s = isolated.settings
     for spec in DAYS:  # three days on one topic, one ledger, as production runs
@@ -246,7 +246,7 @@ def test_a_trade_id_in_two_partitions_fails_validation_and_is_not_published(
     names it (the partition is part of a trade's identity) and the day is not published."""
     from confluent_kafka import Producer
 
-    from settlement.eod.pipeline import published_run, run_eod
+    from settlement.close.pipeline import published_run, run_eod
     from settlement.simulator.gateway import producer_config
 
     s = isolated.settings

@@ -93,8 +93,8 @@ def test_only_the_sites_may_create_temporary_objects(isolated: Isolated) -> None
 def test_the_fence_wants_the_dates_lock_held_not_just_a_live_pid(isolated: Isolated) -> None:
     """After a restart a new session can carry the lease session's old number: the fence
     must see the date's advisory lock held by that pid, not only that the pid lives."""
+    from settlement.close.pipeline import publish, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import publish, start_run
 
     s = isolated.settings.for_component("settlement")
     got, _ = _acquire(isolated.settings, ttl=300)  # no renewal during the test
@@ -218,8 +218,8 @@ def test_settled_by_compares_marker_offsets_never_two_servers_clocks(
     """A scheduled close skips a date a passing run published only if no ledger holds a close
     marker newer than those the run was chosen against. A ledger whose clock runs behind made
     a late marker look older than the run; an unreachable ledger is not 'nothing new'."""
+    from settlement.close.pipeline import finish_run, publish, start_run
     from settlement.eod.model import LedgerState, MarkerAt, SourceChoice
-    from settlement.eod.pipeline import finish_run, publish, start_run
 
     s = isolated.settings.for_component("settlement")
     ledger = isolated.settings.ledger_dsn("a")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from settlement.close.pipeline import run_eod
 from settlement.db import connect
-from settlement.eod.pipeline import run_eod
 from tests.conftest import Isolated
 from tests.helpers import ROOT, chromium, ingest_day, last_json
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from settlement.close.pipeline import run_eod
 from settlement.db import connect
-from settlement.eod.pipeline import run_eod
 from settlement.eod.sources import NoSource, choose_source
 from settlement.simulator.gateway import SimulationSpec, simulate
 from tests.conftest import Isolated
@@ -225,8 +225,8 @@ def test_only_validated_results_are_published(settled_day: Isolated) -> None:
 def test_an_older_run_never_publishes_over_a_newer_one(isolated: Isolated) -> None:
     """Two runs of a date: the newer publishes first, the older finishes late. The late one
     must not replace the newer day (its asset was already emitted)."""
+    from settlement.close.pipeline import Superseded, publish, published_run, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import Superseded, publish, published_run, start_run
 
     s = isolated.settings.for_component("settlement")
     choice = SourceChoice("db", "test")
@@ -239,8 +239,8 @@ def test_an_older_run_never_publishes_over_a_newer_one(isolated: Isolated) -> No
 
 
 def test_a_failed_runs_error_is_stored_redacted(isolated: Isolated) -> None:
+    from settlement.close.pipeline import finish_run, start_run
     from settlement.eod.model import SourceChoice
-    from settlement.eod.pipeline import finish_run, start_run
 
     s = isolated.settings.for_component("settlement")
     run_id = start_run(s, DATE, SourceChoice("db", "test"))

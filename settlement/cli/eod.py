@@ -41,7 +41,7 @@ def register(sub: Subparsers) -> None:
 
 
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.eod.pipeline import run_eod
+    from settlement.close.pipeline import run_eod
 
     require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
     out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete,
@@ -57,7 +57,7 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
-    from settlement.eod.pipeline import validate_only
+    from settlement.close.pipeline import validate_only
 
     require_services(s, kafka=False)
     out = validate_only(s, args.date, source=args.source)

@@ -64,7 +64,7 @@ def verdict_text(run: dict[str, Any]) -> str:
 
 def day_verdict(settings: Settings, trade_date: str, base_url: str) -> DayVerdict:
     """The day's latest run as an alert states it; a day without a run links to the index."""
-    from settlement.eod.pipeline import latest_run
+    from settlement.close.pipeline import latest_run
 
     try:
         run = latest_run(settings, trade_date)

@@ -195,8 +195,8 @@ def run_outcome(settings: Settings, trade_date: str, rerun: bool = True) -> dict
     each (no secrets: this is an XCom). Without ``rerun`` the settle task settled only an
     unsettled date: a date already settled (by the other site's close, say) reports the run
     that settled it."""
+    from settlement.close.pipeline import latest_run
     from settlement.eod.lease import settled_by
-    from settlement.eod.pipeline import latest_run
 
     done = None if rerun else settled_by(settings, trade_date)
     if done is not None:

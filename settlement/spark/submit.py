@@ -3,7 +3,7 @@
 SparkSubmitOperator runs).
 
 Nothing imports this module: it is the top of the stack, a thin shell around
-``settlement.eod.pipeline.run_eod`` that prints the run's summary as one JSON line.
+``settlement.close.pipeline.run_eod`` that prints the run's summary as one JSON line.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path
                if not (p.endswith(".zip") and Path(p).name.startswith("settlement-"))]
 
+from settlement.close.pipeline import run_eod  # noqa: E402 - after the path fix
 from settlement.config import check_date, load_settings  # noqa: E402 - after the path fix
-from settlement.eod.pipeline import run_eod  # noqa: E402 - after the path fix
 
 
 def main(argv: list[str] | None = None) -> int:
