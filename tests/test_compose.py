@@ -368,6 +368,20 @@ def test_kafka_cluster_is_durable() -> None:
         assert f"{name}-data:{env['KAFKA_LOG_DIRS']}" in SERVICES[name]["volumes"]
 
 
+def test_every_service_names_its_site_and_the_brokers_racks_are_the_three_locations() -> None:
+    # Site A, site B, the witness (third KRaft node) and the exchange outside both: a service
+    # without a site could not be placed (or lost) in a site drill.
+    sites = {name: (svc.get("labels") or {}).get("settle.site") for name, svc in SERVICES.items()}
+    assert all(sites.values()), {n: s for n, s in sites.items() if not s}
+    assert set(sites.values()) <= {"a", "b", "witness", "exchange"}, sites
+    assert sites["site-a"] == "a" and sites["site-b"] == "b" and sites["gateway"] == "exchange"
+    # One broker per location, its rack the location: rack-aware placement then puts the
+    # topic's three replicas one at each, and min.insync 2 survives the loss of any one.
+    racks = {name: str(_env(SERVICES[name]).get("KAFKA_BROKER_RACK")) for name in BROKERS}
+    assert sorted(racks.values()) == ["a", "b", "witness"], racks
+    assert all(racks[name] == sites[name] for name in BROKERS), (racks, sites)
+
+
 def test_kafka_listeners_authenticate_every_connection() -> None:
     for name in BROKERS:
         svc, env = SERVICES[name], _env(SERVICES[name])

@@ -344,3 +344,62 @@ def test_a_bad_answer_is_refused_whole_and_names_its_lines(isolated: Any,
     assert "already answered failed" in out["error"]
     missing = _settle(["instructions", "--date", "2026-11-24"], env, ok=False)
     assert "has no published run" in missing["error"]
+
+
+@pytest.mark.services
+def test_two_sites_writing_a_days_instructions_at_once_write_them_once(
+        isolated: Any, tmp_path: Path) -> None:
+    """Both sites' write_instructions tasks run after the same publication: one writes the
+    lines and takes the open fails, the other reads the same lines; nothing twice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from settlement.db import connect
+    from settlement.instructions.store import instructions
+
+    day = {(f"A{i}", "AAPL"): Net(i - 5, Decimal(5 - i) * Decimal("10.5")) for i in range(10)}
+    _publish(isolated, "2026-11-23", day)
+    lines = _settle(["instructions", "--date", "2026-11-23"], isolated.env)
+    first = _csv(lines["path"])[0]["instruction_id"]
+    _settle(["instructions", "status", "--file",
+             str(_answer(tmp_path, "a.csv", [(first, "failed", "")]))], isolated.env)
+    _publish(isolated, "2026-11-24", day)
+    s = isolated.settings
+    with ThreadPoolExecutor(4) as pool:
+        sets = list(pool.map(lambda _: instructions(s, "2026-11-24"), range(4)))
+    assert all(x.lines == sets[0].lines for x in sets)
+    assert [x.carried_in for x in sets] == [[first]] * 4
+    with connect(s.settlement_dsn) as conn:
+        n, carried = conn.execute(
+            "select count(*), count(*) filter (where carried_from <> '')"
+            " from settlement_instructions where trade_date = '2026-11-24'").fetchone()
+    assert (n, carried) == (len(sets[0].lines), 1)
+
+
+@pytest.mark.services
+def test_a_fail_is_carried_day_after_day_until_it_settles(isolated: Any,
+                                                          tmp_path: Path) -> None:
+    """A fail carried into Tuesday fails again (in part) and is carried into Wednesday: the
+    chain of carried_from leads back, and the open amount is always exact."""
+    env = isolated.env
+    nets = {("A1", "IBM"): Net(9, Decimal("-100.0000")),
+            ("A2", "IBM"): Net(-9, Decimal("100.0000"))}
+    _publish(isolated, "2026-11-23", nets)  # Monday, settles Tuesday
+    mon = {r["account"]: r for r in _csv(_settle(["instructions", "--date", "2026-11-23"],
+                                                 env)["path"])}
+    _settle(["instructions", "status", "--file", str(_answer(tmp_path, "mon.csv", [
+        (mon["A1"]["instruction_id"], "failed", ""),
+        (mon["A2"]["instruction_id"], "failed", "")]))], env)
+    _publish(isolated, "2026-11-24", {})  # a quiet Tuesday: only the fails to settle
+    tue = {r["account"]: r for r in _csv(_settle(["instructions", "--date", "2026-11-24"],
+                                                 env)["path"])}
+    assert (tue["A1"]["side"], tue["A1"]["quantity"], tue["A1"]["amount"]) == \
+        ("RECE", "9", "100.0000")
+    assert tue["A1"]["carried_from"] == mon["A1"]["instruction_id"]
+    _settle(["instructions", "status", "--file", str(_answer(tmp_path, "tue.csv", [
+        (tue["A1"]["instruction_id"], "settled", "3"),
+        (tue["A2"]["instruction_id"], "settled", "")]))], env)
+    _publish(isolated, "2026-11-25", {})
+    wed = _csv(_settle(["instructions", "--date", "2026-11-25"], env)["path"])
+    assert [(r["account"], r["side"], r["quantity"], r["payment"], r["amount"],
+             r["carried_from"]) for r in wed] == [
+        ("A1", "RECE", "6", "PAY", "66.6667", tue["A1"]["instruction_id"])]

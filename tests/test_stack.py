@@ -352,6 +352,26 @@ def _airflow_is_https_on_loopback_only(url: str) -> None:
     assert {a for a, _ in ours} == {"127.0.0.1"}, ours
 
 
+def _replicas_are_one_per_site(env: dict[str, str], ca: str) -> None:
+    """What the brokers report, not what the file says: each broker's rack is a location (a,
+    b, witness) and every partition of the topic has one replica at each. Asked as the Kafka
+    admin (describing the cluster is no right of the auditor's)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({
+        "bootstrap.servers": env["KAFKA_BOOTSTRAP"], "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": env["KAFKA_ADMIN_USER"],
+        "sasl.password": env["KAFKA_ADMIN_PASSWORD"], "ssl.ca.location": ca})
+    nodes = admin.describe_cluster(request_timeout=30).result(timeout=60).nodes
+    rack = {node.id: node.rack for node in nodes}
+    assert sorted(map(str, rack.values())) == ["a", "b", "witness"], rack
+    topic = admin.list_topics(env["SETTLE_TOPIC"], timeout=30).topics[env["SETTLE_TOPIC"]]
+    assert len(topic.partitions) == int(env["SETTLE_PARTITIONS"]), topic.partitions
+    for partition in topic.partitions.values():
+        assert sorted(str(rack[r]) for r in partition.replicas) == ["a", "b", "witness"], \
+            (partition.id, partition.replicas, rack)
+
+
 def _make(*args: str, timeout: float) -> dict:
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
@@ -399,6 +419,8 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert again["stale_removed"] is False  # its own volumes are kept
         same = set(up) - {"seconds", "stale_removed"}
         assert {k: again[k] for k in same} == {k: up[k] for k in same}
+        # Kafka spans the three locations: one replica of each partition at a, b, witness.
+        _replicas_are_one_per_site(env, secrets["airflow_ca"])
         # Airflow: HTTPS verified against the stack's CA; nothing listens beyond loopback.
         _airflow_is_https_on_loopback_only(up["airflow_url"])
 
