@@ -204,6 +204,21 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
     assert sent["settlement_date"] == "2026-11-30" and sent["instructions"] > 0, sent
     assert {Path(p).suffix for p in sent["paths"].values()} == {".csv", ".xml"}
     assert all(Path(p).exists() for p in sent["paths"].values())
+    # Summed per account and instrument, the lines are the day's published net positions.
+    import csv
+    from decimal import Decimal
+
+    signed: dict[tuple[str, str], tuple[int, Decimal]] = {}
+    with open(sent["paths"]["csv"], encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            signed[(r["account"], r["symbol"])] = (
+                int(r["quantity"]) * {"RECE": 1, "DELI": -1, "NONE": 0}[r["side"]],
+                Decimal(r["amount"]) * {"RECV": 1, "PAY": -1, "NONE": 0}[r["payment"]])
+    with connect(isolated.settings.settlement_dsn) as conn:
+        nets = {(a, sym): (q, c) for a, sym, q, c in conn.execute(
+            "select account, symbol, net_qty, net_cash from positions where trade_date = %s"
+            " and (net_qty <> 0 or net_cash <> 0)", (day,))}
+    assert signed == nets and len(nets) == sent["instructions"]
 
     # No password reached XCom or rendered fields (the ones this run stored: the
     # spark-submit task's and the report path it pushed are among them).

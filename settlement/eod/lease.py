@@ -132,6 +132,15 @@ class Lease:
                 continue
             except psycopg.Error as e:
                 why = f"{type(e).__name__}: {str(e).strip()}"
+                if not self.conn.broken and not self.conn.closed:
+                    # The session lives (a statement failed, not the connection): it still
+                    # holds the lock, so the next renewal tries again on it, while the lease
+                    # lasts.
+                    if time.monotonic() - last_renewed > self.ttl:
+                        self._lose(f"its lease could not be renewed for {self.ttl:.0f}s: "
+                                   f"{redact(why)}")
+                        return
+                    continue
             # The session went away (a server restart, a cut connection, this close paused
             # past its lease and ended by a waiter): take the lease back on a new session while
             # the row still names this close, until the lease would have run out.
