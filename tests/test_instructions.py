@@ -403,3 +403,47 @@ def test_a_fail_is_carried_day_after_day_until_it_settles(isolated: Any,
     assert [(r["account"], r["side"], r["quantity"], r["payment"], r["amount"],
              r["carried_from"]) for r in wed] == [
         ("A1", "RECE", "6", "PAY", "66.6667", tue["A1"]["instruction_id"])]
+
+
+@pytest.mark.services
+def test_the_delta_between_two_versions_is_what_to_add_or_reverse(isolated: Any,
+                                                                   tmp_path: Path) -> None:
+    """A day published again (a rerun, a re-close) gets a new version; `--delta` lists only
+    the accounts and instruments whose lines changed, by exactly the change."""
+    env = isolated.env
+    v1 = {("A1", "AAPL"): Net(100, Decimal("-1500.0000")),
+          ("A2", "AAPL"): Net(-100, Decimal("1500.0000")),
+          ("A3", "IBM"): Net(10, Decimal("-50.0000")),
+          ("A4", "IBM"): Net(-10, Decimal("50.0000"))}
+    _publish(isolated, "2026-11-23", v1)
+    alone = _settle(["instructions", "--date", "2026-11-23", "--delta"], env, ok=False)
+    assert "one version only" in alone["error"]
+    _settle(["instructions", "--date", "2026-11-23"], env)  # version 1 sent
+    v2 = {("A1", "AAPL"): Net(60, Decimal("-900.0000")),      # 40 of A1's busted
+          ("A2", "AAPL"): Net(-60, Decimal("900.0000")),
+          ("A3", "IBM"): Net(10, Decimal("-50.0000")),        # unchanged
+          ("A4", "IBM"): Net(-10, Decimal("50.0000")),
+          ("A5", "TSLA"): Net(1, Decimal("-200.0000")),       # a correction moved a trade
+          ("A6", "TSLA"): Net(-1, Decimal("200.0000"))}
+    _publish(isolated, "2026-11-23", v2)
+    out = _settle(["instructions", "--date", "2026-11-23", "--delta"], env)
+    assert out["version"] == 2 and out["delta"] and out["path"].endswith("-delta.csv")
+    rows = _csv(out["path"])
+    change = {(r["account"], r["symbol"]): Net(
+        int(r["quantity"]) * {"RECE": 1, "DELI": -1, "NONE": 0}[r["side"]],
+        Decimal(r["amount"]) * {"RECV": 1, "PAY": -1, "NONE": 0}[r["payment"]]) for r in rows}
+    assert change == {("A1", "AAPL"): Net(-40, Decimal("600.0000")),
+                      ("A2", "AAPL"): Net(40, Decimal("-600.0000")),
+                      ("A5", "TSLA"): Net(1, Decimal("-200.0000")),
+                      ("A6", "TSLA"): Net(-1, Decimal("200.0000"))}
+    assert all(r["instruction_id"].startswith(f"R{out['run_id']}-D") for r in rows)
+    iso = _settle(["instructions", "--date", "2026-11-23", "--delta", "--format", "iso20022"],
+                  env)
+    check_iso20022(Path(iso["path"]).read_text())
+    # What was sent stays as it was: version 1's lines are still there, unchanged.
+    from settlement.db import connect
+
+    with connect(isolated.settings.settlement_dsn) as conn:
+        assert conn.execute("select count(distinct run_id), count(*) from"
+                            " settlement_instructions where trade_date = '2026-11-23'"
+                            ).fetchone() == (2, 10)

@@ -25,6 +25,9 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--out", type=Path, default=None,
                     help="write: the file to write (default: beside the audit reports, "
                          "instructions/DATE-runN.csv|xml)")
+    sp.add_argument("--delta", action="store_true",
+                    help="write: only the change between the day's last two versions (what "
+                         "to add or reverse after a re-run; nothing sent is rewritten)")
     sp.add_argument("--file", type=Path, default=None,
                     help="status: the agent's answer, CSV with the header instruction_id,"
                          "status[,settled_quantity] (status settled|failed; a partial is "
@@ -45,15 +48,16 @@ def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.files import default_path, write
-    from settlement.instructions.store import instructions
+    from settlement.instructions.store import delta_set, instructions
 
     if args.date is None:
         raise CommandFailed("settle instructions needs --date YYYY-MM-DD (the trade date "
                             "whose published run's instructions to write)", {})
-    day = instructions(s, args.date)
-    path = args.out or default_path(Path(s.reports_dir), day, args.format)
+    day = delta_set(s, args.date) if args.delta else instructions(s, args.date)
+    path = args.out or default_path(Path(s.reports_dir), day, args.format,
+                                    "delta" if args.delta else "")
     write(day, args.format, path, s.settlement_currency)
-    return {**day.as_dict(), "format": args.format, "path": str(path)}
+    return {**day.as_dict(), "format": args.format, "path": str(path), "delta": args.delta}
 
 
 def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:

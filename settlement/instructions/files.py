@@ -125,10 +125,12 @@ def render(day: InstructionSet, fmt: str, currency: str) -> str:
     return to_csv(day.lines) if fmt == "csv" else to_iso20022(day, currency)
 
 
-def default_path(reports_dir: Path, day: InstructionSet, fmt: str) -> Path:
-    """Next to the audit reports: one file per run and format (a run's lines never change)."""
+def default_path(reports_dir: Path, day: InstructionSet, fmt: str, kind: str = "") -> Path:
+    """Next to the audit reports: one file per run, format and kind ("" or "delta"): a run's
+    lines never change."""
     ext = "csv" if fmt == "csv" else "xml"
-    return reports_dir / "instructions" / f"{day.trade_date}-run{day.run_id}.{ext}"
+    suffix = f"-{kind}" if kind else ""
+    return reports_dir / "instructions" / f"{day.trade_date}-run{day.run_id}{suffix}.{ext}"
 
 
 def write(day: InstructionSet, fmt: str, path: Path, currency: str) -> Path:

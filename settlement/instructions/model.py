@@ -105,6 +105,29 @@ def build(run_id: int, version: int, trade_date: str, settlement_date: str,
     return out
 
 
+def delta(run_id: int, version: int, trade_date: str, settlement_date: str,
+          new: Iterable[Instruction], sent: Iterable[Instruction]) -> list[Instruction]:
+    """What must be added or reversed, per account and instrument, so that what was sent
+    (the previous version's instructions) becomes the current version's: the signed
+    difference, in the instructions' own columns. Ids ``R<run>-D<n>``: stable per run, apart
+    from the run's own instructions."""
+    diff: dict[tuple[str, str], Net] = {}
+    for line, sign in [*((x, 1) for x in new), *((x, -1) for x in sent)]:
+        q, a = diff.get((line.account, line.symbol), Net(0, Decimal(0)))
+        diff[(line.account, line.symbol)] = Net(q + sign * line.signed_quantity,
+                                                a + sign * line.signed_amount)
+    out: list[Instruction] = []
+    for account, symbol in sorted(diff):
+        net = diff[(account, symbol)]
+        if net.quantity == 0 and net.amount == 0:
+            continue
+        side, qty, pay, amount = line_for(net)
+        out.append(Instruction(f"R{run_id}-D{len(out) + 1:06d}", trade_date, settlement_date,
+                               account, symbol, side, qty, pay, amount.quantize(AMOUNT_SCALE),
+                               version, ""))
+    return out
+
+
 def unsettled_part(instr: Instruction, settled_quantity: int | None) -> CarriedFail | None:
     """What remains to carry after the agent's answer: all of a failed instruction (None
     settled), the rest of a partial, nothing once it settled whole. The cash of a partial

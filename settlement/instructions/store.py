@@ -20,6 +20,7 @@ from settlement.instructions.model import (
     Instruction,
     Net,
     build,
+    delta,
     unsettled_part,
 )
 
@@ -88,6 +89,28 @@ def _write(conn: psycopg.Connection, trade_date: str, sdate: str, run_id: int,
     if carried:
         conn.execute(q("instructions", "carry"), {"run_id": run_id, "ids": carried})
     return InstructionSet(trade_date, sdate, run_id, version, lines, carried)
+
+
+def delta_set(settings: Settings, trade_date: str) -> InstructionSet:
+    """``settle instructions --delta``: the change between the day's last two versions, as
+    instructions (nothing already sent is rewritten; this is what to add or reverse). The
+    previous version's instructions count as sent only if they were written; a previous
+    version that never had any gives the current instructions whole."""
+    current = instructions(settings, trade_date)
+    s = settings.for_component("settlement")
+    with connect(s.settlement_dsn) as conn:
+        row = conn.execute(q("instructions", "previous_version"),
+                           {"trade_date": trade_date, "run_id": current.run_id}).fetchone()
+        if row is None:
+            raise InstructionsError(f"{trade_date} has one version only (run "
+                                    f"{current.run_id}): no delta; its instructions are "
+                                    f"`settle instructions --date {trade_date}`")
+        sent = _rows(conn.execute(q("instructions", "run_instructions"),
+                                  {"run_id": int(row[0])}).fetchall())
+    lines = delta(current.run_id, current.version, trade_date, current.settlement_date,
+                  current.lines, sent)
+    return InstructionSet(trade_date, current.settlement_date, current.run_id,
+                          current.version, lines)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,14 @@ select r.run_id, r.settlement_date,
 from published_days p join settlement_runs r on r.run_id = p.run_id
 where p.trade_date = %(trade_date)s
 
+-- name: previous_version
+-- The publication of the date before the current one (the version the delta is against).
+select r.run_id from settlement_runs r
+where r.trade_date = %(trade_date)s and r.published_at is not null
+  and r.run_id < %(run_id)s
+order by r.run_id desc
+limit 1
+
 -- name: run_instructions
 select instruction_id, trade_date::text, settlement_date::text, account, symbol, side,
        quantity, payment, amount, version, carried_from
