@@ -31,6 +31,11 @@ def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
           for v in ("0", "-5", "nan", "inf", "-inf")],
         (["site", "run", "--site", "a", "--scheme", "shared", "--max-seconds", "soon"],
          "expected a number of seconds, got 'soon'"),
+        # Said before the services are asked for (none runs on these ports).
+        (["instructions"], "settle instructions needs --date YYYY-MM-DD"),
+        (["instructions", "status"], "settle instructions status needs --file STATUS.csv"),
+        (["instructions", "--date", "2026-11-31"], "not a calendar date"),
+        (["instructions", "--date", "2026-11-23", "--format", "pdf"], "invalid choice: 'pdf'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(args: list[str], message: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from settlement.cli.common import CommandFailed, Subparsers, add_command, date, require_services
-from settlement.config import Settings
+from settlement.config import ConfigError, Settings
 
 
 def register(sub: Subparsers) -> None:
@@ -37,6 +37,13 @@ def register(sub: Subparsers) -> None:
 def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.store import InstructionsError
 
+    # Bad arguments are said first (exit 2), whatever the services' state.
+    if args.action == "status" and args.file is None:
+        raise ConfigError("settle instructions status needs --file STATUS.csv (the settlement "
+                          "agent's answer: instruction_id,status[,settled_quantity])")
+    if args.action == "write" and args.date is None:
+        raise ConfigError("settle instructions needs --date YYYY-MM-DD (the trade date whose "
+                          "published run's instructions to write)")
     require_services(s, kafka=False)
     try:
         if args.action == "status":
@@ -50,9 +57,6 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.files import default_path, write
     from settlement.instructions.store import delta_set, instructions
 
-    if args.date is None:
-        raise CommandFailed("settle instructions needs --date YYYY-MM-DD (the trade date "
-                            "whose published run's instructions to write)", {})
     day = delta_set(s, args.date) if args.delta else instructions(s, args.date)
     path = args.out or default_path(Path(s.reports_dir), day, args.format,
                                     "delta" if args.delta else "")
@@ -63,9 +67,6 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.store import apply_answers
 
-    if args.file is None:
-        raise CommandFailed("settle instructions status needs --file STATUS.csv (the "
-                            "settlement agent's answer)", {})
     out = apply_answers(s, args.file)
     for over in out["over_threshold"]:
         _alert(s, over, out["fails_alert_share"])
