@@ -1,5 +1,6 @@
-"""End of day for one trade date: choose the source once, read once, settle, validate the
-frames in hand, publish, report.
+"""End of day for one trade date: take the date's lease (or join the close holding it),
+choose the source once, read once, settle, validate the frames in hand, publish (fenced),
+write the settlement instructions, report.
 
 One library function used by ``settle eod``, the spark-submit entry point and the Airflow
 DAG. Every run is recorded in ``settlement_runs``; results replace the date's rows in one
