@@ -98,7 +98,10 @@ for n in 1 2 3; do
     [[ $EUID -ne 0 ]] || chown 1000:1000 "kafka-$n.pem"
   fi
 done
-issue postgres 999
+# One certificate for both members of the settlement cluster (server, Patroni's REST API and
+# its etcd client login), one for the three etcd members (uid 998: deploy/local/etcd.Dockerfile).
+issue postgres 999 DNS:postgres-a DNS:postgres-b
+issue etcd 998 DNS:etcd-a DNS:etcd-b DNS:etcd-witness
 # Airflow's api-server: clients reach it as airflow-apiserver (compose's service name, the
 # execution API URL) or localhost / 127.0.0.1 (the published port).
 issue airflow 10001 DNS:airflow-apiserver

@@ -32,6 +32,8 @@ COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SETTLE_NAMES = {f"SETTLE_{name.upper()}" for name in Settings.model_fields}
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
+PG_MEMBERS = ("postgres-a", "postgres-b")  # the settlement cluster (Patroni)
+ETCD = ("etcd-a", "etcd-b", "etcd-witness")
 AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
            "airflow-triggerer")
 APP_IMAGE = "dual-site-settlement:0.1.0"
@@ -130,7 +132,7 @@ def _env_example() -> tuple[set[str], set[str]]:
 # -- shape ---------------------------------------------------------------------------------
 
 def test_core_services_exist() -> None:
-    assert {*BROKERS, "kafka-init", "postgres", "migrate", "site-a", "site-b",
+    assert {*BROKERS, "kafka-init", *PG_MEMBERS, *ETCD, "migrate", "site-a", "site-b",
             "airflow-init", *AIRFLOW} <= set(SERVICES)
     assert "airflow" not in SERVICES, "the standalone Airflow service was split up"
 
@@ -156,7 +158,7 @@ def test_host_ports_do_not_clash() -> None:
 
 
 def test_data_stores_are_published_on_loopback_only() -> None:
-    for name in (*BROKERS, "postgres"):
+    for name in (*BROKERS, *PG_MEMBERS, *ETCD):
         for spec in SERVICES[name].get("ports", []):
             assert str(spec).startswith("127.0.0.1:"), f"{name} publishes {spec} to the network"
 
@@ -227,7 +229,8 @@ def test_volumes_are_declared_and_mounted_files_exist() -> None:
 # anyone there mint a `postgres` or `kafka-N` certificate that passes verify-full.
 OWN_TLS_FILES = {
     **{b: {"ca.crt", f"{b}.pem"} for b in BROKERS},
-    "postgres": {"postgres.crt", "postgres.key"},
+    **{m: {"ca.crt", "postgres.crt", "postgres.key"} for m in PG_MEMBERS},
+    **{m: {"ca.crt", "etcd.crt", "etcd.key"} for m in ETCD},
     "airflow-apiserver": {"ca.crt", "airflow.crt", "airflow.key"},
 }
 
@@ -251,8 +254,14 @@ def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> N
         assert _env(SERVICES[b])["KAFKA_SSL_KEYSTORE_LOCATION"] in _cert_files(SERVICES[b]) \
             .values()
         assert _env(SERVICES[b])["KAFKA_SSL_TRUSTSTORE_LOCATION"] == "/certs/ca.crt"
-    pg = " ".join(SERVICES["postgres"]["command"])
-    assert "ssl_cert_file=/certs/postgres.crt" in pg and "ssl_key_file=/certs/postgres.key" in pg
+    patroni = yaml.safe_load((ROOT / "deploy/patroni/patroni.yml").read_text())
+    params = patroni["postgresql"]["parameters"]
+    assert params["ssl"] == "on" and params["ssl_cert_file"] == "/certs/postgres.crt"
+    assert params["ssl_key_file"] == "/certs/postgres.key"
+    for m in ETCD:
+        env = _env(SERVICES[m])
+        assert (env["ETCD_CERT_FILE"], env["ETCD_KEY_FILE"]) == ("/certs/etcd.crt",
+                                                                "/certs/etcd.key")
     # The local stack's override adds no mount of its own (it would bypass the above).
     local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
     assert "volumes:" not in local
@@ -585,7 +594,10 @@ def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init")) ->
 def test_airflow_components_share_metadata_db_and_secrets() -> None:
     raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     url = urlsplit(_interpolate(raw, {"AIRFLOW_DB_PASSWORD": "from-dotenv"}))
-    assert url.scheme.startswith("postgresql") and url.hostname == "postgres"
+    # Both members of the settlement cluster, the one taking writes chosen by the driver.
+    assert url.scheme.startswith("postgresql") and url.hostname is None
+    assert "host=postgres-a,postgres-b&port=5432,5432" in url.query
+    assert "target_session_attrs=read-write" in url.query
     assert url.path == "/airflow" and url.password == "from-dotenv"
     assert url.username == "airflow"  # its own login, owner of that database only
     assert _ref(_shared("AIRFLOW__API_AUTH__JWT_SECRET")) == "AIRFLOW_JWT_SECRET"
@@ -730,12 +742,31 @@ def test_only_the_one_shot_setup_logs_in_as_the_postgres_admin() -> None:
         if users:
             seen[name] = users
     assert seen == PG_USERS
-    # The admin's password is in the postgres container (which creates the admin) and migrate.
+    # The admin's password is in the cluster's members (Patroni creates the admin) and migrate.
     for name, svc in SERVICES.items():
         if "SETTLE_PG_ADMIN_PASSWORD" in json.dumps(_env(svc)):
-            assert name in ("postgres", "migrate"), name
+            assert name in (*PG_MEMBERS, "migrate"), name
     assert SERVICES["migrate"]["restart"] == "no"
-    assert _env(SERVICES["postgres"])["POSTGRES_USER"] == PG_ADMIN
+    for m in PG_MEMBERS:
+        assert _env(SERVICES[m])["PATRONI_SUPERUSER_USERNAME"] == PG_ADMIN
+
+
+def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> None:
+    # A failover moves the primary to the other site: a client that named one server, or
+    # took whichever answered first, would write nowhere or to a read-only standby.
+    both = ("@${PG_ADDRESS:-postgres-a:5432,postgres-b:5432}/",  # libpq's host list
+            "@/", "host=${PG_HOSTS:-postgres-a,postgres-b}&port=${PG_PORTS:-5432,5432}")
+    found = 0
+    for name, svc in SERVICES.items():
+        for var, value in _env(svc).items():
+            text = str(value)
+            if not text.startswith(("postgres://", "postgresql://", "postgresql+")):
+                continue
+            found += 1
+            assert both[0] in text or (both[1] in text and both[2] in text), (name, var)
+            assert text.endswith("&target_session_attrs=read-write"), (name, var)
+            assert "sslmode=verify-full&sslrootcert=/certs/ca.crt" in text, (name, var)
+    assert found >= 20, found
 
 
 def test_migrate_creates_one_login_per_component_with_its_own_password() -> None:
@@ -758,9 +789,16 @@ def test_migrate_creates_one_login_per_component_with_its_own_password() -> None
 def test_postgres_init_creates_the_airflow_login_from_stdin() -> None:
     script = (ROOT / "deploy" / "postgres-init.sh").read_text()
     assert "CREATE ROLE airflow LOGIN PASSWORD :'pw';" in script
-    assert "AIRFLOW_DB_PASSWORD" in _env(SERVICES["postgres"])
-    mounts = SERVICES["postgres"]["volumes"]
-    assert "./deploy/postgres-init.sh:/docker-entrypoint-initdb.d/00-databases.sh:ro" in mounts
+    # Run by Patroni's post_bootstrap on the member that initialises the cluster.
+    patroni = yaml.safe_load((ROOT / "deploy/patroni/patroni.yml").read_text())
+    assert patroni["bootstrap"]["post_bootstrap"] == "bash /opt/settle/post-bootstrap.sh"
+    bootstrap = (ROOT / "deploy/patroni/post-bootstrap.sh").read_text()
+    assert "CREATE DATABASE settlement" in bootstrap and "/opt/settle/postgres-init.sh" in bootstrap
+    for m in PG_MEMBERS:
+        assert "AIRFLOW_DB_PASSWORD" in _env(SERVICES[m])
+        mounts = SERVICES[m]["volumes"]
+        assert "./deploy/postgres-init.sh:/opt/settle/postgres-init.sh:ro" in mounts
+        assert "./deploy/patroni/post-bootstrap.sh:/opt/settle/post-bootstrap.sh:ro" in mounts
 
 
 def test_airflow_users_gives_each_login_one_role() -> None:

@@ -216,6 +216,34 @@ def test_the_stack_listens_only_on_its_declared_ports_all_outside_the_ephemeral_
     assert {int(a.rsplit(":", 1)[1]) for a in addresses} <= set(envfile.LISTEN_PORTS)
 
 
+def test_a_dsn_naming_both_cluster_members_reaches_spark_whole() -> None:
+    # The settlement database is a two-member cluster: the Spark job's DSN (its password moved
+    # to a passfile) and its JDBC URL must keep both servers and the wish for the primary, or
+    # a job started after a failover writes to nobody or to the read-only standby.
+    from settlement.spark.io import jdbc_options
+
+    dsn = ("postgresql://settle_eod:pw@127.0.0.1:27432,127.0.0.1:27433/settlement"
+           "?sslmode=verify-full&sslrootcert=/c/ca.crt&target_session_attrs=read-write")
+    url, line = split_password(dsn, "/run/pgpass")
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    assert (info["host"], info["port"]) == ("127.0.0.1,127.0.0.1", "27432,27433")
+    assert info["target_session_attrs"] == "read-write" and "password" not in info
+    # libpq matches a passfile line against each server in turn: a line for any server.
+    assert line == "*:*:settlement:settle_eod:pw"
+    jdbc, props = jdbc_options(dsn)
+    assert jdbc == "jdbc:postgresql://127.0.0.1:27432,127.0.0.1:27433/settlement"
+    assert props["targetServerType"] == "primary" and props["sslmode"] == "verify-full"
+    assert jdbc_options(url.replace("passfile=/run/pgpass", "password=pw"))[0] == jdbc
+    # One server stays as it was.
+    one = "postgresql://u:pw@127.0.0.1:25432/x"
+    assert split_password(one, "/p")[1] == "127.0.0.1:25432:x:u:pw"
+    assert jdbc_options(one) == ("jdbc:postgresql://127.0.0.1:25432/x",
+                                 {"user": "u", "driver": "org.postgresql.Driver",
+                                  "password": "pw"})
+    with pytest.raises(ValueError, match="2 hosts but 3 ports"):
+        jdbc_options("postgresql://u:pw@/x?host=a,b&port=1,2,3")
+
+
 def test_a_stack_port_held_by_a_listener_or_a_connection_is_named_before_the_start() -> None:
     import socket
 
@@ -230,7 +258,7 @@ def test_a_stack_port_held_by_a_listener_or_a_connection_is_named_before_the_sta
             assert not port_free(listening) and not port_free(local_end)
     message = taken_ports_message([envfile.PG_PORT, envfile.KAFKA_PORTS[1]])
     assert message is not None
-    assert f"{envfile.PG_PORT} (PostgreSQL)" in message
+    assert f"{envfile.PG_PORT} (PostgreSQL (site A))" in message
     assert f"{envfile.KAFKA_PORTS[1]} (Kafka broker 2)" in message
     assert "make stack-up" in message
 

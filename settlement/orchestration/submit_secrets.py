@@ -63,8 +63,12 @@ def split_password(dsn: str, passfile: str, force: bool = False) -> tuple[str, s
     info["passfile"] = passfile
     line = None
     if password is not None:
+        # libpq matches a passfile line against each server of a list on its own: a DSN
+        # naming several (a cluster's members) gets a line for any server.
+        several = "," in info.get("host", "") + info.get("port", "")
         line = ":".join(_escape(x) for x in (
-            info.get("host", "*"), info.get("port", "5432"), info.get("dbname", "*"),
+            "*" if several else info.get("host", "*"),
+            "*" if several else info.get("port", "5432"), info.get("dbname", "*"),
             info.get("user", "*"), password))
     return _url(info), line
 
@@ -80,6 +84,11 @@ def _url(info: dict[str, str]) -> str:
     host = info.pop("host", "")
     port = info.pop("port", "")
     dbname = quote(info.pop("dbname", ""), safe="")
+    if "," in host + port:
+        # Several servers (a cluster's members, tried in turn): in the query, where libpq
+        # takes lists of hosts and ports; "h1,h2:p1,p2" in the authority would not parse.
+        info = {"host": host, "port": port, **info} if port else {"host": host, **info}
+        host = port = ""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address
     netloc = (f"{user}@" if user else "") + host + (f":{port}" if port else "")

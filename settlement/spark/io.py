@@ -36,8 +36,19 @@ def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
     host = str(info.get("host") or "127.0.0.1")
     if host.startswith("/"):
         raise ValueError(f"the JDBC driver needs a TCP host, not the socket {host}")
-    url = f"jdbc:postgresql://{host}:{info.get('port') or 5432}/{info['dbname']}"
+    # Several servers (a cluster's members: libpq's host and port lists) become pgjdbc's
+    # host:port list, and libpq's read-write session its primary: the job follows a failover.
+    hosts = host.split(",")
+    ports = str(info.get("port") or 5432).split(",")
+    if len(ports) == 1:
+        ports = ports * len(hosts)
+    if len(ports) != len(hosts):
+        raise ValueError(f"{len(hosts)} hosts but {len(ports)} ports in the DSN")
+    servers = ",".join(f"{h}:{p or 5432}" for h, p in zip(hosts, ports, strict=True))
+    url = f"jdbc:postgresql://{servers}/{info['dbname']}"
     props = {"user": str(info.get("user") or ""), "driver": "org.postgresql.Driver"}
+    if info.get("target_session_attrs") in ("read-write", "primary"):
+        props["targetServerType"] = "primary"
     password = dsn_password(dsn)  # the DSN's own, or its pgpass file's (embedded server)
     if password:
         props["password"] = password

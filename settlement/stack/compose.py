@@ -371,4 +371,4 @@ def client_info(stack: Stack) -> dict[str, Any]:
 def pg_dsn(env: dict[str, str], user: str, password: str | None, db: str, ca: str) -> str:
     login = user if password is None else f"{user}:{password}"
     return (f"postgresql://{login}@{env['PG_ADDRESS']}/{db}"
-            f"?sslmode=verify-full&sslrootcert={ca}")
+            f"?sslmode=verify-full&sslrootcert={ca}&target_session_attrs=read-write")

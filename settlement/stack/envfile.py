@@ -19,6 +19,7 @@ PASSWORDS = (
     "SETTLE_KAFKA_SITE_B_PASSWORD", "SETTLE_KAFKA_SETTLEMENT_PASSWORD",
     "SETTLE_KAFKA_AUDITOR_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
     "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+    "SETTLE_PG_REPLICATION_PASSWORD", "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD",
 )
 # The ports deploy/local/docker-compose.local.yml listens on (host networking). All lie below
 # Linux's ephemeral range (32768-60999): a port inside it is also the local end of outgoing
@@ -26,7 +27,13 @@ PASSWORDS = (
 # sockets" on 35432 while the brokers were connecting to each other.
 KAFKA_PORTS = (27092, 27093, 27094)
 KAFKA_CONTROLLER_PORTS = (27192, 27193, 27194)
-PG_PORT = 27432
+# The settlement database's cluster: its member at site A, then site B (Patroni), their
+# Patroni REST APIs, and the etcd members (A, B, witness) as (client, peer) ports.
+PG_PORTS = (27432, 27433)
+PG_PORT = PG_PORTS[0]
+PATRONI_PORTS = (27008, 27009)
+ETCD_PORTS = ((27379, 27380), (27381, 27382), (27383, 27384))
+ETCD_NAMES = ("etcd-a", "etcd-b", "etcd-witness")
 AIRFLOW_PORT = 28080
 # The task and trigger log server ports, then the scheduler's health check. The log servers
 # are not started (--skip-serve-logs: Airflow 3.3 binds them to every interface and serves
@@ -37,7 +44,12 @@ AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
-    PG_PORT: "PostgreSQL", AIRFLOW_PORT: "Airflow's api-server (HTTPS)",
+    **dict(zip(PG_PORTS, ("PostgreSQL (site A)", "PostgreSQL (site B)"), strict=True)),
+    **dict(zip(PATRONI_PORTS, ("Patroni REST API (site A)", "Patroni REST API (site B)"),
+               strict=True)),
+    **{port: f"{name} {kind}" for name, ports in zip(ETCD_NAMES, ETCD_PORTS, strict=True)
+       for port, kind in zip(ports, ("clients", "peers"), strict=True)},
+    AIRFLOW_PORT: "Airflow's api-server (HTTPS)",
     **dict(zip(AIRFLOW_INTERNAL_PORTS, ("Airflow's task log port (kept free)", "Airflow's "
                                         "trigger log port (kept free)", "Airflow's scheduler "
                                         "health check"),
@@ -84,7 +96,15 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
     airflow = airflow_url(airflow_bind)
     return {
         "KAFKA_BOOTSTRAP": ",".join(f"127.0.0.1:{p}" for p in KAFKA_PORTS),
-        "PG_ADDRESS": f"127.0.0.1:{PG_PORT}",
+        # Both members of the settlement cluster: clients take the one that accepts writes
+        # (target_session_attrs=read-write). PG_HOSTS/PG_PORTS: the same as libpq's query
+        # lists, for the URLs that cannot hold several host:port pairs (Airflow's).
+        "PG_ADDRESS": ",".join(f"127.0.0.1:{p}" for p in PG_PORTS),
+        "PG_HOSTS": ",".join("127.0.0.1" for _ in PG_PORTS),
+        "PG_PORTS": ",".join(str(p) for p in PG_PORTS),
+        "ETCD_HOSTS": ",".join(f"127.0.0.1:{client}" for client, _ in ETCD_PORTS),
+        "ETCD_INITIAL_CLUSTER": ",".join(f"{name}=https://127.0.0.1:{peer}" for name, (_, peer)
+                                         in zip(ETCD_NAMES, ETCD_PORTS, strict=True)),
         # HTTPS with the stack's CA (deploy/make-certs.sh's airflow certificate): the task
         # processes' execution API, the healthcheck, the UI and the REST API alike.
         "AIRFLOW_BIND_ADDRESS": airflow_bind,

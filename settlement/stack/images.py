@@ -20,6 +20,8 @@ BASE = "settle-debian:bookworm"
 PYTHON = "settle-local/python:3.11-bookworm"
 KAFKA = "settle-local/kafka:4.3.1"
 POSTGRES = "settle-local/postgres:15-bookworm"
+PATRONI = "settle-local/patroni:4.1.5-pg15"  # deploy/patroni/Dockerfile FROM POSTGRES
+ETCD = "settle-local/etcd:3.4"
 APP = "dual-site-settlement:0.1.0"  # docker-compose.yml's own name for it
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -73,5 +75,12 @@ def build_images(root: Path, kafka_jars: Path, log: Log) -> list[str]:
         (ctx / "postgres").mkdir()
         shutil.copy(local / "postgres-entrypoint.sh", ctx / "postgres")
         _docker_build(POSTGRES, ctx / "postgres", local / "postgres.Dockerfile", log)
+        # Patroni from PyPI: through the same network (and its CAs) as the Python image.
+        shutil.copytree(root / "deploy" / "patroni", ctx / "patroni")
+        shutil.copytree(ctx / "python" / "host-ca", ctx / "patroni" / "host-ca")
+        _docker_build(PATRONI, ctx / "patroni", ctx / "patroni" / "Dockerfile", log,
+                      {"POSTGRES_IMAGE": POSTGRES})
+        (ctx / "etcd").mkdir()
+        _docker_build(ETCD, ctx / "etcd", local / "etcd.Dockerfile", log)
     _docker_build(APP, root, root / "Dockerfile", log, {"PYTHON_IMAGE": PYTHON})
-    return [PYTHON, KAFKA, POSTGRES, APP]
+    return [PYTHON, KAFKA, POSTGRES, PATRONI, ETCD, APP]
