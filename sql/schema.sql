@@ -199,26 +199,6 @@ CREATE TABLE public.published_days (
     run_id bigint NOT NULL,
     published_at timestamp with time zone DEFAULT now() NOT NULL
 );
-CREATE TABLE public.run_cash_obligations (
-    run_id bigint NOT NULL,
-    trade_date date CONSTRAINT cash_obligations_trade_date_not_null NOT NULL,
-    account text CONSTRAINT cash_obligations_account_not_null NOT NULL,
-    buy_amount numeric(28,4) CONSTRAINT cash_obligations_buy_amount_not_null NOT NULL,
-    sell_amount numeric(28,4) CONSTRAINT cash_obligations_sell_amount_not_null NOT NULL,
-    net_cash numeric(28,4) CONSTRAINT cash_obligations_net_cash_not_null NOT NULL,
-    trade_count bigint CONSTRAINT cash_obligations_trade_count_not_null NOT NULL
-);
-CREATE TABLE public.run_instrument_summary (
-    run_id bigint NOT NULL,
-    trade_date date CONSTRAINT instrument_summary_trade_date_not_null NOT NULL,
-    symbol text CONSTRAINT instrument_summary_symbol_not_null NOT NULL,
-    trades bigint CONSTRAINT instrument_summary_trades_not_null NOT NULL,
-    volume bigint CONSTRAINT instrument_summary_volume_not_null NOT NULL,
-    notional numeric(28,4) CONSTRAINT instrument_summary_notional_not_null NOT NULL,
-    vwap numeric(28,10) CONSTRAINT instrument_summary_vwap_not_null NOT NULL,
-    low_price numeric(18,4) CONSTRAINT instrument_summary_low_price_not_null NOT NULL,
-    high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL
-);
 CREATE TABLE public.run_positions (
     run_id bigint NOT NULL,
     trade_date date CONSTRAINT positions_trade_date_not_null NOT NULL,
@@ -231,29 +211,6 @@ CREATE TABLE public.run_positions (
     sell_amount numeric(28,4) CONSTRAINT positions_sell_amount_not_null NOT NULL,
     net_cash numeric(28,4) CONSTRAINT positions_net_cash_not_null NOT NULL,
     trade_count bigint CONSTRAINT positions_trade_count_not_null NOT NULL
-);
-CREATE TABLE public.settlement_instructions (
-    instruction_id text NOT NULL,
-    run_id bigint NOT NULL,
-    trade_date date NOT NULL,
-    settlement_date date NOT NULL,
-    account text NOT NULL,
-    symbol text NOT NULL,
-    side text NOT NULL,
-    quantity bigint NOT NULL,
-    payment text NOT NULL,
-    amount numeric(28,4) NOT NULL,
-    version integer NOT NULL,
-    carried_from text DEFAULT ''::text NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT settlement_instructions_amount_check CHECK ((amount >= (0)::numeric)),
-    CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
-    CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
-    CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
-    CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
-    CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
-    CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
-    CONSTRAINT settlement_instructions_version_check CHECK ((version >= 1))
 );
 CREATE TABLE public.settlement_runs (
     run_id bigint NOT NULL,
@@ -281,8 +238,73 @@ CREATE TABLE public.settlement_runs (
     holder text,
     fencing_token bigint,
     settlement_date date,
+    version integer,
     CONSTRAINT settlement_runs_source_check CHECK ((source = ANY (ARRAY['kafka'::text, 'db'::text]))),
-    CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'abandoned'::text])))
+    CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'abandoned'::text]))),
+    CONSTRAINT settlement_runs_version_check CHECK ((version >= 1))
+);
+CREATE VIEW public.positions_by_version AS
+ SELECT r.trade_date,
+    r.version,
+    r.run_id,
+    r.published_at,
+    r.settlement_date,
+    p.account,
+    p.symbol,
+    p.bought_qty,
+    p.sold_qty,
+    p.net_qty,
+    p.buy_amount,
+    p.sell_amount,
+    p.net_cash,
+    p.trade_count,
+    (r.run_id = d.run_id) AS current
+   FROM ((public.settlement_runs r
+     JOIN public.run_positions p ON ((p.run_id = r.run_id)))
+     LEFT JOIN public.published_days d ON ((d.trade_date = r.trade_date)))
+  WHERE (r.version IS NOT NULL);
+CREATE TABLE public.run_cash_obligations (
+    run_id bigint NOT NULL,
+    trade_date date CONSTRAINT cash_obligations_trade_date_not_null NOT NULL,
+    account text CONSTRAINT cash_obligations_account_not_null NOT NULL,
+    buy_amount numeric(28,4) CONSTRAINT cash_obligations_buy_amount_not_null NOT NULL,
+    sell_amount numeric(28,4) CONSTRAINT cash_obligations_sell_amount_not_null NOT NULL,
+    net_cash numeric(28,4) CONSTRAINT cash_obligations_net_cash_not_null NOT NULL,
+    trade_count bigint CONSTRAINT cash_obligations_trade_count_not_null NOT NULL
+);
+CREATE TABLE public.run_instrument_summary (
+    run_id bigint NOT NULL,
+    trade_date date CONSTRAINT instrument_summary_trade_date_not_null NOT NULL,
+    symbol text CONSTRAINT instrument_summary_symbol_not_null NOT NULL,
+    trades bigint CONSTRAINT instrument_summary_trades_not_null NOT NULL,
+    volume bigint CONSTRAINT instrument_summary_volume_not_null NOT NULL,
+    notional numeric(28,4) CONSTRAINT instrument_summary_notional_not_null NOT NULL,
+    vwap numeric(28,10) CONSTRAINT instrument_summary_vwap_not_null NOT NULL,
+    low_price numeric(18,4) CONSTRAINT instrument_summary_low_price_not_null NOT NULL,
+    high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL
+);
+CREATE TABLE public.settlement_instructions (
+    instruction_id text NOT NULL,
+    run_id bigint NOT NULL,
+    trade_date date NOT NULL,
+    settlement_date date NOT NULL,
+    account text NOT NULL,
+    symbol text NOT NULL,
+    side text NOT NULL,
+    quantity bigint NOT NULL,
+    payment text NOT NULL,
+    amount numeric(28,4) NOT NULL,
+    version integer NOT NULL,
+    carried_from text DEFAULT ''::text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT settlement_instructions_amount_check CHECK ((amount >= (0)::numeric)),
+    CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
+    CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
+    CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
+    CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
+    CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
+    CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
+    CONSTRAINT settlement_instructions_version_check CHECK ((version >= 1))
 );
 CREATE SEQUENCE public.settlement_runs_run_id_seq
     START WITH 1
@@ -400,6 +422,7 @@ CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed
 CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btree (instruction_id) WHERE ((carried_into_run IS NULL) AND ((open_quantity <> 0) OR (open_amount <> (0)::numeric)));
 CREATE INDEX settlement_instructions_date ON public.settlement_instructions USING btree (settlement_date);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
+CREATE UNIQUE INDEX settlement_runs_date_version ON public.settlement_runs USING btree (trade_date, version) WHERE (version IS NOT NULL);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);
 CREATE INDEX site_heartbeats_time ON public.site_heartbeats USING btree (beat_at);
 CREATE INDEX trade_amendments_date_partition_seq ON public.trade_amendments USING btree (trade_date, kafka_partition, seq);

@@ -447,3 +447,11 @@ def test_the_delta_between_two_versions_is_what_to_add_or_reverse(isolated: Any,
         assert conn.execute("select count(distinct run_id), count(*) from"
                             " settlement_instructions where trade_date = '2026-11-23'"
                             ).fetchone() == (2, 10)
+    # Both versions stay readable, the earlier one as it was published.
+    with connect(isolated.settings.for_component("auditor").settlement_dsn) as conn:
+        by_version = {}
+        for version, current, account, symbol, q, c in conn.execute(
+                "select version, current, account, symbol, net_qty, net_cash"
+                " from positions_by_version where trade_date = '2026-11-23'"):
+            by_version.setdefault((version, current), {})[(account, symbol)] = Net(q, c)
+    assert by_version == {(1, False): v1, (2, True): v2}

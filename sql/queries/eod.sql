@@ -92,8 +92,11 @@ insert into published_days (trade_date, run_id) values (%(trade_date)s, %(run_id
 on conflict (trade_date) do update set run_id = excluded.run_id, published_at = now()
 
 -- name: record_publication
+-- The day's next version (publications of a date are serialised: lock_publication).
 update settlement_runs
-set published_at = now(), accepted_incomplete = %(accepted_incomplete)s
+set published_at = now(), accepted_incomplete = %(accepted_incomplete)s,
+    version = coalesce((select max(o.version) from settlement_runs o
+                        where o.trade_date = %(trade_date)s), 0) + 1
 where run_id = %(run_id)s
 
 -- name: published_run

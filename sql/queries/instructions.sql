@@ -7,10 +7,7 @@
 select pg_advisory_xact_lock(hashtextextended('settlement instructions', 0))
 
 -- name: published_run
-select r.run_id, r.settlement_date,
-       (select count(*) from settlement_runs o
-        where o.trade_date = r.trade_date and o.published_at is not null
-          and o.run_id <= r.run_id)
+select r.run_id, r.settlement_date, r.version
 from published_days p join settlement_runs r on r.run_id = p.run_id
 where p.trade_date = %(trade_date)s
 
