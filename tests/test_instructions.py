@@ -165,6 +165,31 @@ def test_the_iso20022_file_holds_one_valid_instruction_per_csv_line() -> None:
     assert "CARRIED R3-000001" in text
 
 
+def test_an_account_longer_than_iso20022_allows_keeps_its_whole_name() -> None:
+    """The contract takes accounts of 64 characters (and any printable text); sese.023's
+    account Id 35: a longer one is shortened stably, with the whole account in Nm."""
+    import xml.etree.ElementTree as ET
+
+    from python_iso20022.sese.sese_023_001_11.models import Sese02300111
+    from xsdata.formats.dataclass.parsers import XmlParser
+
+    from settlement.instructions.files import account_id
+
+    long_a, long_b = "Ω-<fund>&\"quoted\"-" + "x" * 46, "Ω-<fund>&\"quoted\"-" + "y" * 46
+    assert len(long_a) == 64
+    nets = {(long_a, "AAPL"): Net(5, Decimal("-10.0000")),
+            (long_b, "AAPL"): Net(-5, Decimal("10.0000"))}
+    text = to_iso20022(_day(build(7, 1, "2026-11-25", "2026-11-27", nets, [])), "USD")
+    accounts = []
+    for doc in ET.fromstring(text).findall(f"{SESE}Document"):
+        msg = XmlParser().from_string(ET.tostring(doc, encoding="unicode"), Sese02300111)
+        acct = msg.scties_sttlm_tx_instr.qty_and_acct_dtls.sfkpg_acct
+        assert len(acct.id) == 35 and acct.id == account_id(acct.nm)
+        accounts.append(acct.nm)
+    assert accounts == [long_a, long_b]
+    assert account_id(long_a) != account_id(long_b) and account_id("A1") == "A1"
+
+
 def test_the_schema_check_refuses_what_sese023_does_not_allow() -> None:
     lines = build(7, 1, "2026-11-25", "2026-11-27", NETS, [])
     good = to_iso20022(_day(lines), "USD")

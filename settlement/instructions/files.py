@@ -10,12 +10,15 @@ How a line maps to sese.023 (securities settlement transaction instruction):
   APMT, and the movement type of the side that receives (DELI) or pays (RECE) the cash;
 - ``SctiesTxTp`` NETT (the line is a multilateral net), the trade and settlement dates, the
   instrument by its ticker (``OthrId`` of proprietary type TICKER), the account as the
-  safekeeping account.
+  safekeeping account: its ``Id`` holds at most 35 characters, the contract's accounts 64, so
+  a longer account is identified by its first 26 characters, '~' and 8 hex digits of its
+  SHA-256 (stable), with the whole account in ``Nm``.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import xml.etree.ElementTree as ET
 from functools import cache
@@ -52,6 +55,18 @@ def _sub(parent: ET.Element, path: str, text: str | None = None,
     return node
 
 
+ACCOUNT_ID_MAX = 35  # ISO 20022 Max35Text
+
+
+def account_id(account: str) -> str:
+    """The safekeeping account's ``Id``: the account itself when it fits, else a stable
+    shortening (its head and a digest), unique for all practical purposes."""
+    if len(account) <= ACCOUNT_ID_MAX:
+        return account
+    digest = hashlib.sha256(account.encode("utf-8")).hexdigest()[:8]
+    return f"{account[:ACCOUNT_ID_MAX - 9]}~{digest}"
+
+
 def _document(line: Instruction, currency: str) -> ET.Element:
     doc = ET.Element(f"{{{SESE}}}Document")
     tx = _sub(doc, "SctiesSttlmTxInstr")
@@ -71,7 +86,10 @@ def _document(line: Instruction, currency: str) -> ET.Element:
     _sub(other, "Tp/Prtry", "TICKER")
     qty = _sub(tx, "QtyAndAcctDtls")
     _sub(qty, "SttlmQty/Qty/Unit", str(line.quantity))
-    _sub(qty, "SfkpgAcct/Id", line.account)
+    account = _sub(qty, "SfkpgAcct")
+    _sub(account, "Id", account_id(line.account))
+    if account_id(line.account) != line.account:
+        _sub(account, "Nm", line.account)
     _sub(tx, "SttlmParams/SctiesTxTp/Cd", "NETT")
     if line.payment != "NONE":
         amount = _sub(tx, "SttlmAmt")
