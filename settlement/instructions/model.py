@@ -9,7 +9,7 @@ quantity and amount equal the day's ``net_qty`` and ``net_cash`` plus the fails 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import NamedTuple
 
@@ -17,6 +17,9 @@ CSV_COLUMNS = ("instruction_id", "trade_date", "settlement_date", "account", "sy
                "quantity", "payment", "amount", "version", "carried_from")
 STATUS_COLUMNS = ("instruction_id", "status", "settled_quantity")
 AMOUNT_SCALE = Decimal("0.0001")  # numeric(28, 4), as positions.net_cash
+# What a line's side and payment do to the account: + adds, - takes.
+SIDE_SIGN = {"RECE": 1, "DELI": -1, "NONE": 0}
+PAYMENT_SIGN = {"RECV": 1, "PAY": -1, "NONE": 0}
 
 
 class Instruction(NamedTuple):
@@ -36,11 +39,11 @@ class Instruction(NamedTuple):
 
     @property
     def signed_quantity(self) -> int:
-        return {"RECE": 1, "DELI": -1, "NONE": 0}[self.side] * self.quantity
+        return SIDE_SIGN[self.side] * self.quantity
 
     @property
     def signed_amount(self) -> Decimal:
-        return {"RECV": 1, "PAY": -1, "NONE": 0}[self.payment] * self.amount
+        return PAYMENT_SIGN[self.payment] * self.amount
 
     def csv_row(self) -> list[str]:
         return [self.instruction_id, self.trade_date, self.settlement_date, self.account,
@@ -88,20 +91,32 @@ def build(run_id: int, version: int, trade_date: str, settlement_date: str,
     total: dict[tuple[str, str], Net] = dict(nets)
     sources: dict[tuple[str, str], list[str]] = {}
     for fail in carried:
-        key = (fail.account, fail.symbol)
-        q, a = total.get(key, Net(0, Decimal(0)))
-        total[key] = Net(q + fail.quantity, a + fail.amount)
-        sources.setdefault(key, []).append(fail.instruction_id)
+        _add(total, (fail.account, fail.symbol), fail.quantity, fail.amount)
+        sources.setdefault((fail.account, fail.symbol), []).append(fail.instruction_id)
+    return _lines(total, lambda n: instruction_id(run_id, n), trade_date, settlement_date,
+                  version, {k: ";".join(sorted(v)) for k, v in sources.items()})
+
+
+def _add(total: dict[tuple[str, str], Net], key: tuple[str, str], quantity: int,
+         amount: Decimal) -> None:
+    q, a = total.get(key, Net(0, Decimal(0)))
+    total[key] = Net(q + quantity, a + amount)
+
+
+def _lines(total: Mapping[tuple[str, str], Net], ids: Callable[[int], str], trade_date: str,
+           settlement_date: str, version: int, carried_from: Mapping[tuple[str, str], str]
+           ) -> list[Instruction]:
+    """One line per account and instrument whose signed net is not zero, in (account,
+    symbol) order, numbered from 1 by ``ids``."""
     out: list[Instruction] = []
-    for account, symbol in sorted(total):
-        net = total[(account, symbol)]
+    for key in sorted(total):
+        net = total[key]
         if net.quantity == 0 and net.amount == 0:
             continue
         side, qty, pay, amount = line_for(net)
-        out.append(Instruction(instruction_id(run_id, len(out) + 1), trade_date,
-                               settlement_date, account, symbol, side, qty, pay,
-                               amount.quantize(AMOUNT_SCALE), version,
-                               ";".join(sorted(sources.get((account, symbol), [])))))
+        out.append(Instruction(ids(len(out) + 1), trade_date, settlement_date, *key, side, qty,
+                               pay, amount.quantize(AMOUNT_SCALE), version,
+                               carried_from.get(key, "")))
     return out
 
 
@@ -112,20 +127,12 @@ def delta(run_id: int, version: int, trade_date: str, settlement_date: str,
     difference, in the instructions' own columns. Ids ``R<run>-D<n>``: stable per run, apart
     from the run's own instructions."""
     diff: dict[tuple[str, str], Net] = {}
-    for line, sign in [*((x, 1) for x in new), *((x, -1) for x in sent)]:
-        q, a = diff.get((line.account, line.symbol), Net(0, Decimal(0)))
-        diff[(line.account, line.symbol)] = Net(q + sign * line.signed_quantity,
-                                                a + sign * line.signed_amount)
-    out: list[Instruction] = []
-    for account, symbol in sorted(diff):
-        net = diff[(account, symbol)]
-        if net.quantity == 0 and net.amount == 0:
-            continue
-        side, qty, pay, amount = line_for(net)
-        out.append(Instruction(f"R{run_id}-D{len(out) + 1:06d}", trade_date, settlement_date,
-                               account, symbol, side, qty, pay, amount.quantize(AMOUNT_SCALE),
-                               version, ""))
-    return out
+    for line in new:
+        _add(diff, (line.account, line.symbol), line.signed_quantity, line.signed_amount)
+    for line in sent:
+        _add(diff, (line.account, line.symbol), -line.signed_quantity, -line.signed_amount)
+    return _lines(diff, lambda n: f"R{run_id}-D{n:06d}", trade_date, settlement_date, version,
+                  {})
 
 
 def unsettled_part(instr: Instruction, settled_quantity: int | None) -> CarriedFail | None:
@@ -141,7 +148,6 @@ def unsettled_part(instr: Instruction, settled_quantity: int | None) -> CarriedF
     left = instr.quantity - settled_quantity
     paid = (instr.amount * settled_quantity / instr.quantity).quantize(
         AMOUNT_SCALE, rounding=ROUND_HALF_EVEN)
-    sign_q = 1 if instr.side == "RECE" else -1
-    sign_a = {"RECV": 1, "PAY": -1, "NONE": 0}[instr.payment]
-    return CarriedFail(instr.instruction_id, instr.account, instr.symbol, sign_q * left,
-                       sign_a * (instr.amount - paid))
+    return CarriedFail(instr.instruction_id, instr.account, instr.symbol,
+                       SIDE_SIGN[instr.side] * left,
+                       PAYMENT_SIGN[instr.payment] * (instr.amount - paid))
