@@ -34,13 +34,20 @@ SETTLE_NAMES = {f"SETTLE_{name.upper()}" for name in Settings.model_fields}
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
 PG_MEMBERS = ("postgres-a", "postgres-b")  # the settlement cluster (Patroni)
 ETCD = ("etcd-a", "etcd-b", "etcd-witness")
-AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-           "airflow-triggerer")
+SITES = ("a", "b")
+# Each site's own Airflow (issue 41): the four components, and the one-shots before them.
+AIRFLOW_COMPONENTS = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+                      "airflow-triggerer")
+AIRFLOW = tuple(f"{c}-{site}" for site in SITES for c in AIRFLOW_COMPONENTS)
+AIRFLOW_ONE_SHOTS = tuple(f"airflow-{job}-{site}" for site in SITES
+                          for job in ("init", "users", "pools"))
+SITE_PG = ("postgres-site-a", "postgres-site-b")  # each site's own server
 APP_IMAGE = "dual-site-settlement:0.1.0"
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 # Which user each Kafka client service logs in as, and the kafka-init role that user has.
 KAFKA_USERS = {"site-a": ("site-a", "site-a"), "site-b": ("site-b", "site-b"),
-               "airflow-scheduler": ("settlement", "settlement"),
+               "airflow-scheduler-a": ("settlement", "settlement"),
+               "airflow-scheduler-b": ("settlement", "settlement"),
                "gateway": ("gateway", "gateway")}
 # ${VAR}, ${VAR:-default}, ${VAR:?message}; `$${` is compose's escaped literal `${`.
 VAR_REF = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
@@ -110,12 +117,15 @@ GRANT_PASSWORD_VARS = {env for _, env in _grants().values()} | \
     {env for _, env in _pg_grants().values()}
 PG_ADMIN = "settle"
 # Which PostgreSQL user each service logs in as (every URL in its environment).
-PG_USERS = {"migrate": {PG_ADMIN}, "site-a": {"settle_site_a"}, "site-b": {"settle_site_b"},
-            "airflow-scheduler": {"settle_eod", "airflow"},
-            "airflow-apiserver": {"settle_audit", "airflow"},
-            "airflow-triggerer": {"settle_audit", "airflow"},
-            "airflow-dag-processor": {"airflow"}, "airflow-init": {"airflow"},
-            "airflow-pools": {"airflow"}, "airflow-users": {"airflow"}}
+PG_USERS = {"migrate": {PG_ADMIN}, "migrate-a": {PG_ADMIN}, "migrate-b": {PG_ADMIN},
+            "site-a": {"settle_site_a"}, "site-b": {"settle_site_b"},
+            **{name: users for site in SITES for name, users in (
+                (f"airflow-scheduler-{site}", {"settle_eod", "airflow"}),
+                (f"airflow-apiserver-{site}", {"settle_audit", "airflow"}),
+                (f"airflow-triggerer-{site}", {"settle_audit", "airflow"}),
+                (f"airflow-dag-processor-{site}", {"airflow"}),
+                (f"airflow-init-{site}", {"airflow"}), (f"airflow-pools-{site}", {"airflow"}),
+                (f"airflow-users-{site}", {"airflow"}))}}
 
 
 def _env_example() -> tuple[set[str], set[str]]:
@@ -133,7 +143,7 @@ def _env_example() -> tuple[set[str], set[str]]:
 
 def test_core_services_exist() -> None:
     assert {*BROKERS, "kafka-init", *PG_MEMBERS, *ETCD, "migrate", "site-a", "site-b",
-            "airflow-init", *AIRFLOW} <= set(SERVICES)
+            *SITE_PG, "migrate-a", "migrate-b", *AIRFLOW_ONE_SHOTS, *AIRFLOW} <= set(SERVICES)
     assert "airflow" not in SERVICES, "the standalone Airflow service was split up"
 
 
@@ -143,7 +153,8 @@ def test_app_services_use_only_documented_settle_names() -> None:
         for var in _env(svc):
             if not var.startswith("SETTLE_"):
                 continue
-            if name in ("kafka-init", "migrate") and var in GRANT_PASSWORD_VARS:
+            if name in ("kafka-init", "migrate", "migrate-a", "migrate-b") \
+                    and var in GRANT_PASSWORD_VARS:
                 continue  # read by `settle kafka init / db migrate --grant ...:<var>`
             assert var in SETTLE_NAMES, f"{name}: {var} is not a setting in config.py"
             used.add(var)
@@ -231,7 +242,9 @@ OWN_TLS_FILES = {
     **{b: {"ca.crt", f"{b}.pem"} for b in BROKERS},
     **{m: {"ca.crt", "postgres.crt", "postgres.key"} for m in PG_MEMBERS},
     **{m: {"ca.crt", "etcd.crt", "etcd.key"} for m in ETCD},
-    "airflow-apiserver": {"ca.crt", "airflow.crt", "airflow.key"},
+    # Each site's own server verifies no one: its key pair only.
+    **{m: {"postgres.crt", "postgres.key"} for m in SITE_PG},
+    **{f"airflow-apiserver-{site}": {"ca.crt", "airflow.crt", "airflow.key"} for site in SITES},
 }
 
 
@@ -560,46 +573,69 @@ def test_only_brokers_and_kafka_init_hold_the_admin_credentials() -> None:
 
 # -- Airflow ---------------------------------------------------------------------------------
 
-def test_airflow_runs_as_separate_components() -> None:
-    commands = {name: SERVICES[name]["command"] for name in AIRFLOW}
-    assert commands == {"airflow-apiserver": ["api-server"],
-                        "airflow-scheduler": ["scheduler", "--skip-serve-logs"],
-                        "airflow-dag-processor": ["dag-processor"],
-                        "airflow-triggerer": ["triggerer", "--skip-serve-logs"]}
-    init = SERVICES["airflow-init"]
-    assert init["command"] == ["db", "migrate"] and init["restart"] == "no"
-    assert init["entrypoint"] == ["/app/.venv/bin/airflow"]
-    for name in AIRFLOW:
-        svc = SERVICES[name]
-        assert svc["image"] == APP_IMAGE
-        assert svc["depends_on"]["airflow-init"]["condition"] == \
-            "service_completed_successfully", name
-        # FAB's permission sync in two processes at once dies on a unique violation (a stack
-        # start failed so): the components start once airflow-users has written the rows.
-        assert svc["depends_on"]["airflow-users"]["condition"] == \
-            "service_completed_successfully", name
-        assert "healthcheck" in svc, name
-        assert "airflow-logs:/app/airflow/logs" in svc["volumes"], name
-    api = SERVICES["airflow-apiserver"]
-    assert "/api/v2/monitor/health" in " ".join(api["healthcheck"]["test"])
-    assert [str(p).rsplit(":", 1)[1] for p in api["ports"]] == ["8080"]
+def test_airflow_runs_as_separate_components_at_each_site() -> None:
+    for site in SITES:
+        commands = {name: SERVICES[f"{name}-{site}"]["command"] for name in AIRFLOW_COMPONENTS}
+        assert commands == {"airflow-apiserver": ["api-server"],
+                            "airflow-scheduler": ["scheduler", "--skip-serve-logs"],
+                            "airflow-dag-processor": ["dag-processor"],
+                            "airflow-triggerer": ["triggerer", "--skip-serve-logs"]}, site
+        init = SERVICES[f"airflow-init-{site}"]
+        assert init["command"] == ["db", "migrate"] and init["restart"] == "no"
+        assert init["entrypoint"] == ["/app/.venv/bin/airflow"]
+        # Its metadata on its own site's server, never the other site's.
+        assert init["depends_on"] == {f"postgres-site-{site}": {"condition": "service_healthy"}}
+        for name in (*(f"{c}-{site}" for c in AIRFLOW_COMPONENTS), *(
+                f"airflow-{job}-{site}" for job in ("init", "users", "pools"))):
+            svc = SERVICES[name]
+            assert svc["labels"] == {"settle.site": site}, name
+            assert svc["profiles"] == [f"site-{site}"], name
+            other = "b" if site == "a" else "a"
+            assert not any(other in str(dep).rsplit("-", 1)[-1] and "site" in str(dep)
+                           for dep in svc.get("depends_on", {})), name
+        for name in (f"{c}-{site}" for c in AIRFLOW_COMPONENTS):
+            svc = SERVICES[name]
+            assert svc["image"] == APP_IMAGE
+            assert svc["depends_on"][f"airflow-init-{site}"]["condition"] == \
+                "service_completed_successfully", name
+            # FAB's permission sync in two processes at once dies on a unique violation (a
+            # stack start failed so): the components start once airflow-users has written
+            # the rows.
+            assert svc["depends_on"][f"airflow-users-{site}"]["condition"] == \
+                "service_completed_successfully", name
+            assert "healthcheck" in svc, name
+            assert f"airflow-logs-{site}:/app/airflow/logs" in svc["volumes"], name
+        api = SERVICES[f"airflow-apiserver-{site}"]
+        assert "/api/v2/monitor/health" in " ".join(api["healthcheck"]["test"])
+        assert [str(p).rsplit(":", 1)[1] for p in api["ports"]] == ["8080"]
+    assert SERVICES["airflow-apiserver-a"]["ports"] != SERVICES["airflow-apiserver-b"]["ports"]
 
 
-def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init")) -> str:
+def _site(site: str) -> tuple[str, ...]:
+    """Site ``site``'s Airflow: its four components and its airflow db migrate."""
+    return (*(f"{c}-{site}" for c in AIRFLOW_COMPONENTS), f"airflow-init-{site}")
+
+
+def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init-a",
+                                                   "airflow-init-b")) -> str:
     values = {str(_env(SERVICES[name]).get(var)) for name in services}
     assert len(values) == 1, f"{var} differs between Airflow components: {values}"
     return values.pop()
 
 
-def test_airflow_components_share_metadata_db_and_secrets() -> None:
-    raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
-    url = urlsplit(_interpolate(raw, {"AIRFLOW_DB_PASSWORD": "from-dotenv"}))
-    # Both members of the settlement cluster, the one taking writes chosen by the driver.
-    assert url.scheme.startswith("postgresql") and url.hostname is None
-    assert "host=postgres-a,postgres-b&port=5432,5432" in url.query
-    assert "target_session_attrs=read-write" in url.query
-    assert url.path == "/airflow" and url.password == "from-dotenv"
-    assert url.username == "airflow"  # its own login, owner of that database only
+def test_each_sites_airflow_keeps_its_metadata_on_its_own_server_and_shares_secrets() -> None:
+    for site in SITES:
+        raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", _site(site))
+        url = urlsplit(_interpolate(raw, {"AIRFLOW_DB_PASSWORD": "from-dotenv"}))
+        # The site's own server: not the settlement cluster, whose member at this site is a
+        # read-only standby whenever the other site holds the primary.
+        assert url.scheme.startswith("postgresql") and url.hostname == f"postgres-site-{site}"
+        assert url.path == "/airflow" and url.password == "from-dotenv"
+        assert url.username == "airflow"  # its own login, owner of that database only
+        assert "sslmode=verify-full" in url.query
+        assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", _site(site)),
+                            {}) == f"https://airflow-apiserver-{site}:8080/execution/"
+        assert _shared("AIRFLOW__API__BASE_URL", _site(site)).startswith("${AIRFLOW_")
     assert _ref(_shared("AIRFLOW__API_AUTH__JWT_SECRET")) == "AIRFLOW_JWT_SECRET"
     assert _ref(_shared("AIRFLOW__CORE__FERNET_KEY")) == "AIRFLOW_FERNET_KEY"
     assert _ref(_shared("AIRFLOW__API__SECRET_KEY")) == "AIRFLOW_API_SECRET_KEY"
@@ -611,17 +647,17 @@ def test_airflow_components_share_metadata_db_and_secrets() -> None:
     manager = _shared("AIRFLOW__CORE__AUTH_MANAGER")
     assert manager == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
     assert importlib.util.find_spec(manager.rsplit(".", 1)[0])
-    assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL"), {}) == \
-        "https://airflow-apiserver:8080/execution/"
-    # The UI logins' passwords reach the one-shot airflow-users only.
+    # The UI logins' passwords reach the one-shot airflow-users-* only.
     for name, svc in SERVICES.items():
         has = {"AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
                "AIRFLOW_AUDITOR_PASSWORD"} & set(_env(svc))
-        assert bool(has) == (name == "airflow-users"), name
+        assert bool(has) == (name in ("airflow-users-a", "airflow-users-b")), name
 
 
-def test_airflow_is_served_over_verified_https_on_the_address_the_operator_sets() -> None:
-    api = SERVICES["airflow-apiserver"]
+@pytest.mark.parametrize("site", SITES)
+def test_airflow_is_served_over_verified_https_on_the_address_the_operator_sets(
+        site: str) -> None:
+    api = SERVICES[f"airflow-apiserver-{site}"]
     env = _env(api)
     files = _cert_files(api)
     # The api-server's own certificate and key (Airflow's [api] ssl_cert / ssl_key: HTTPS).
@@ -633,30 +669,33 @@ def test_airflow_is_served_over_verified_https_on_the_address_the_operator_sets(
     assert _shared("AIRFLOW__API__CLIENT_USE_PUBLIC_CERTS") == "False"
     for name in AIRFLOW:
         assert _cert_files(SERVICES[name])["ca.crt"] == "/certs/ca.crt", name
-    assert _interpolate(_shared("AIRFLOW__API__BASE_URL"), {}).startswith("https://")
-    assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL"), {}) \
+    assert _interpolate(_shared("AIRFLOW__API__BASE_URL", _site(site)), {}).startswith("https://")
+    assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", _site(site)), {}) \
         .startswith("https://")
     health = " ".join(api["healthcheck"]["test"])
-    assert "'${AIRFLOW_INTERNAL_URL:-https://airflow-apiserver:8080}/api/v2/monitor/health'" \
-        in health
+    internal = "AIRFLOW_INTERNAL_URL" if site == "a" else "AIRFLOW_B_INTERNAL_URL"
+    assert (f"'${{{internal}:-https://airflow-apiserver-{site}:8080}}/api/v2/monitor/health'"
+            in health)
     assert "cafile='/certs/ca.crt'" in health and "CERT_NONE" not in health
     # Published on loopback unless .env names an address.
-    assert api["ports"] == ["${AIRFLOW_BIND_ADDRESS:-127.0.0.1}:18080:8080"]
+    port = 18080 if site == "a" else 18081
+    assert api["ports"] == [f"${{AIRFLOW_BIND_ADDRESS:-127.0.0.1}}:{port}:8080"]
     active, commented = _env_example()
     assert "AIRFLOW_BIND_ADDRESS" in active | commented
     # Nothing else of Airflow's listens beyond loopback: no log server (Airflow 3.3 has no
     # setting for its address, and it is plain HTTP), the scheduler's health check on 127.0.0.1.
-    for name in ("airflow-scheduler", "airflow-triggerer"):
+    for name in (f"airflow-scheduler-{site}", f"airflow-triggerer-{site}"):
         assert "--skip-serve-logs" in SERVICES[name]["command"], name
     assert _shared("AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST") == "127.0.0.1"
-    assert "//127.0.0.1:8974/" in " ".join(SERVICES["airflow-scheduler"]["healthcheck"]["test"])
+    assert "//127.0.0.1:8974/" in " ".join(
+        SERVICES[f"airflow-scheduler-{site}"]["healthcheck"]["test"])
     # The local stack (host networking): the api-server binds AIRFLOW_BIND_ADDRESS itself,
     # and no plain-HTTP URL to it is left anywhere.
     local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
     assert '"--host", "${AIRFLOW_BIND_ADDRESS:-127.0.0.1}"' in local
     for text in (COMPOSE_TEXT, local, (ROOT / ".env.example").read_text()):
-        assert not re.search(r"http://(localhost|127\.0\.0\.1|airflow-apiserver):(1|2)?8080",
-                             text)
+        assert not re.search(r"http://(localhost|127\.0\.0\.1|airflow-apiserver(-[ab])?):"
+                             r"(1|2)?808[01]", text)
 
 
 def test_airflow_metadata_db_drivers_are_installed() -> None:
@@ -666,8 +705,8 @@ def test_airflow_metadata_db_drivers_are_installed() -> None:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     dotenv = {"AIRFLOW_DB_PASSWORD": "pw"}
-    sync = _interpolate(_shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"), dotenv)
-    async_url = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC")
+    sync = _interpolate(_shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", _site("b")), dotenv)
+    async_url = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", _site("b"))
     assert async_url != "None", "set SQL_ALCHEMY_CONN_ASYNC (asyncpg is not installed)"
     async_url = _interpolate(async_url, dotenv)
     for url in (sync, async_url):
@@ -677,10 +716,13 @@ def test_airflow_metadata_db_drivers_are_installed() -> None:
     assert create_async_engine(async_url).dialect.is_async
 
 
-def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> None:
+@pytest.mark.parametrize("site", SITES)
+def test_airflow_task_runner_has_the_dags_connections_and_settlement_user(site: str) -> None:
     from settlement.orchestration.tasks import airflow_connections
 
-    env = _env(SERVICES["airflow-scheduler"])
+    env = _env(SERVICES[f"airflow-scheduler-{site}"])
+    # Named in the close lease (closed_by in the site drills) and in `settle status`.
+    assert env["SETTLE_SITE_NAME"] == site
     needed = set(airflow_connections(Settings()))
     assert needed <= set(env), f"missing {needed - set(env)}"
     dotenv = {"SETTLE_PG_SETTLEMENT_PASSWORD": "pw"}
@@ -695,10 +737,10 @@ def test_airflow_task_runner_has_the_dags_connections_and_settlement_user() -> N
     shared_ops = {"SETTLE_DRILLS_ENABLED", "SETTLE_EXCHANGE_CALENDAR",
                   "SETTLE_EOD_AFTER_CLOSE_MINUTES", "SETTLE_EOD_CUTOFF_MINUTES",
                   "SETTLE_EOD_CRON", "SETTLE_EOD_COMPRESSED"}
-    allowed = {"airflow-apiserver": {"AIRFLOW_CONN_SETTLEMENT_DB"},
-               "airflow-dag-processor": set(),
-               "airflow-triggerer": {"SETTLE_PG_DSN", "SETTLE_ALERT_EMAIL",
-                                     "SETTLE_ALERT_WEBHOOK"}}
+    allowed = {f"airflow-apiserver-{site}": {"AIRFLOW_CONN_SETTLEMENT_DB"},
+               f"airflow-dag-processor-{site}": set(),
+               f"airflow-triggerer-{site}": {"SETTLE_PG_DSN", "SETTLE_ALERT_EMAIL",
+                                             "SETTLE_ALERT_WEBHOOK"}}
     for name, extra in allowed.items():
         app_vars = {v for v in _env(SERVICES[name]) if v.startswith(("SETTLE_", "AIRFLOW_CONN_"))}
         assert app_vars - shared_ops == extra, f"{name}: {app_vars - shared_ops}"
@@ -710,16 +752,18 @@ def test_airflow_operations_settings() -> None:
     assert _shared("SETTLE_DRILLS_ENABLED") == "false"
     assert _ref(_shared("SETTLE_EXCHANGE_CALENDAR")) == "SETTLE_EXCHANGE_CALENDAR"
     assert _ref(_shared("SETTLE_EOD_CUTOFF_MINUTES")) == "SETTLE_EOD_CUTOFF_MINUTES"
-    pools = SERVICES["airflow-pools"]
-    assert pools["command"][:4] == ["pools", "set", "spark", "1"]
-    assert SERVICES["airflow-scheduler"]["depends_on"]["airflow-pools"]["condition"] == \
-        "service_completed_successfully"
     from settlement.orchestration.tasks import SPARK_POOL
 
-    assert pools["command"][2] == SPARK_POOL
-    for name in ("airflow-scheduler", "airflow-triggerer"):
-        env = _env(SERVICES[name])
-        assert _ref(env["SETTLE_ALERT_EMAIL"]) == "SETTLE_ALERT_EMAIL", name
+    for site in SITES:
+        pools = SERVICES[f"airflow-pools-{site}"]
+        assert pools["command"][:4] == ["pools", "set", "spark", "1"]
+        assert SERVICES[f"airflow-scheduler-{site}"]["depends_on"][f"airflow-pools-{site}"][
+            "condition"] == "service_completed_successfully"
+        assert pools["command"][2] == SPARK_POOL
+        # Each site alerts.
+        for name in (f"airflow-scheduler-{site}", f"airflow-triggerer-{site}"):
+            env = _env(SERVICES[name])
+            assert _ref(env["SETTLE_ALERT_EMAIL"]) == "SETTLE_ALERT_EMAIL", name
 
 
 # -- PostgreSQL logins ------------------------------------------------------------------------
@@ -745,7 +789,7 @@ def test_only_the_one_shot_setup_logs_in_as_the_postgres_admin() -> None:
     # The admin's password is in the cluster's members (Patroni creates the admin) and migrate.
     for name, svc in SERVICES.items():
         if "SETTLE_PG_ADMIN_PASSWORD" in json.dumps(_env(svc)):
-            assert name in (*PG_MEMBERS, "migrate"), name
+            assert name in (*PG_MEMBERS, *SITE_PG, "migrate", "migrate-a", "migrate-b"), name
     assert SERVICES["migrate"]["restart"] == "no"
     for m in PG_MEMBERS:
         assert _env(SERVICES[m])["PATRONI_SUPERUSER_USERNAME"] == PG_ADMIN
@@ -762,11 +806,19 @@ def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> 
             text = str(value)
             if not text.startswith(("postgres://", "postgresql://", "postgresql+")):
                 continue
+            site = re.search(r"@\$\{PG_SITE_([AB])_ADDRESS:-postgres-site-([ab]):5432\}/", text)
+            if site:
+                # A site's own server (one server, no standby): its ledger or its Airflow's
+                # metadata, reached by that site (or, for the ledgers, by either close).
+                assert site[1].lower() == site[2], (name, var)
+                assert re.search(rf"/(ledger_{site[2]}|airflow)\?", text), (name, var)
+                assert text.endswith("sslmode=verify-full&sslrootcert=/certs/ca.crt"), (name, var)
+                continue
             found += 1
             assert both[0] in text or (both[1] in text and both[2] in text), (name, var)
             assert text.endswith("&target_session_attrs=read-write"), (name, var)
             assert "sslmode=verify-full&sslrootcert=/certs/ca.crt" in text, (name, var)
-    assert found >= 20, found
+    assert found >= 16, found
 
 
 def test_migrate_creates_one_login_per_component_with_its_own_password() -> None:
@@ -794,21 +846,32 @@ def test_postgres_init_creates_the_airflow_login_from_stdin() -> None:
     assert patroni["bootstrap"]["post_bootstrap"] == "bash /opt/settle/post-bootstrap.sh"
     bootstrap = (ROOT / "deploy/patroni/post-bootstrap.sh").read_text()
     assert "CREATE DATABASE settlement" in bootstrap and "/opt/settle/postgres-init.sh" in bootstrap
+    # The cluster holds the settlement database and the shared ledger; the site ledgers and
+    # the Airflows' metadata (and so the `airflow` login) are on each site's own server.
+    for m in SITE_PG:
+        env = _env(SERVICES[m])
+        assert "AIRFLOW_DB_PASSWORD" in env and env["PG_INIT_DATABASES"] == "", m
+        assert env["POSTGRES_DB"] == f"ledger_{m[-1]}", m
+        assert "./deploy/postgres-init.sh:/docker-entrypoint-initdb.d/00-databases.sh:ro" in \
+            SERVICES[m]["volumes"], m
     for m in PG_MEMBERS:
-        assert "AIRFLOW_DB_PASSWORD" in _env(SERVICES[m])
+        env = _env(SERVICES[m])
+        assert "AIRFLOW_DB_PASSWORD" not in env and env["PG_INIT_DATABASES"] == "ledger_shared"
         mounts = SERVICES[m]["volumes"]
         assert "./deploy/postgres-init.sh:/opt/settle/postgres-init.sh:ro" in mounts
         assert "./deploy/patroni/post-bootstrap.sh:/opt/settle/post-bootstrap.sh:ro" in mounts
 
 
-def test_airflow_users_gives_each_login_one_role() -> None:
+@pytest.mark.parametrize("site", SITES)
+def test_airflow_users_gives_each_login_one_role(site: str) -> None:
     from settlement.orchestration.fab_users import ROLES, UserGrant
 
-    svc = SERVICES["airflow-users"]
+    svc = SERVICES[f"airflow-users-{site}"]
     cmd = [str(c) for c in svc["command"]]
     assert cmd[0] == "airflow-users" and svc["restart"] == "no"
     grants = [UserGrant.parse(_interpolate(v, {})) for v in cmd[2::2]]
     assert {g.role for g in grants} == set(ROLES)
     for g in grants:
         assert _ref(_env(svc)[g.password_env]) == g.password_env
-    assert svc["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+    assert svc["depends_on"][f"airflow-init-{site}"]["condition"] == \
+        "service_completed_successfully"

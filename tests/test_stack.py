@@ -269,14 +269,14 @@ def test_a_failed_one_shot_is_reported_with_the_end_of_its_log() -> None:
     from settlement.errors import ServiceError
     from settlement.stack.compose import _not_ready
 
-    containers = {"airflow-init": {"State": "exited", "ExitCode": 0},
+    containers = {"airflow-init-b": {"State": "exited", "ExitCode": 0},
                   "kafka-1": {"State": "running", "Health": "starting"}}
     assert _not_ready(containers) == {"kafka-1": "starting"}
-    containers["airflow-users"] = {"State": "exited", "ExitCode": 1}
+    containers["airflow-users-b"] = {"State": "exited", "ExitCode": 1}
     with pytest.raises(ServiceError) as failed:
         _not_ready(containers, lambda svc: f"{svc} | IntegrityError: duplicate key")
-    assert "airflow-users failed (exit 1)" in str(failed.value)
-    assert "airflow-users | IntegrityError: duplicate key" in str(failed.value)
+    assert "airflow-users-b failed (exit 1)" in str(failed.value)
+    assert "airflow-users-b | IntegrityError: duplicate key" in str(failed.value)
 
 
 def test_leftovers_this_env_cannot_open_are_named_and_nothing_else_is() -> None:
@@ -400,6 +400,20 @@ def _replicas_are_one_per_site(env: dict[str, str], ca: str) -> None:
             (partition.id, partition.replicas, rack)
 
 
+def _site_drill_passed(result: dict[str, Any], fault: str) -> None:
+    """What both site drills promise: nothing lost or twice, one publication, the primary
+    moved from the lost site to the survivor, the lost site back by itself."""
+    assert result["fault"] == fault and result["site_lost"] == "a", result
+    assert result["lost"] == 0 and result["duplicated"] == 0, result
+    assert result["trade_messages"] > 0, result
+    assert result["dag_run_state"] == "success", result
+    assert result["publications"] == 1, result
+    assert result["settlement_primary_before"] == "a", result
+    assert result["settlement_primary_after"] == "b", result
+    assert result["rejoined"] is True and result["partitions_out_of_isr"] == 0, result
+    assert result["passed"] is True, result
+
+
 def _make(*args: str, timeout: float) -> dict:
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
@@ -463,9 +477,32 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert drill["report_url"].startswith(up["airflow_url"] + "/settlement-reports/runs/")
         _report_opens_with_a_login_only(secrets, drill["report_url"], "2026-03-02")
 
+        # A whole site lost (issue 41): site A holds the primary, every container of it is
+        # SIGKILLed mid-day; site B's consumer, database member and Airflow carry the day and
+        # its close; site A comes back by itself as a replica and a follower.
+        loss = _make("stack-drill", "FAULT=site-loss", "SITE=a", "DATE=2026-03-03",
+                     "TRADES=5000", timeout=2400)
+        _site_drill_passed(loss, "site-loss")
+        assert {"kafka-1", "postgres-a", "postgres-site-a", "site-a",
+                "airflow-scheduler-a", "airflow-apiserver-a"} <= set(loss["killed"]), loss
+        assert loss["closed_by"] == "b", loss
+        assert 0 < loss["db_failover_s"] < 120 and loss["ingest_gap_s"] is not None, loss
+        assert loss["ingest_gap_s"] >= loss["db_failover_s"] - 5, loss
+        # The site frozen past the leases while its close held the date's: the survivor
+        # closes, the woken primary is demoted and the woken close cannot publish.
+        freeze = _make("stack-drill", "FAULT=site-freeze", "SITE=a", "DATE=2026-03-04",
+                       "TRADES=3000", timeout=2400)
+        _site_drill_passed(freeze, "site-freeze")
+        assert freeze["woken_primary_demoted"] is True and freeze["demoted_s"] < 180, freeze
+        # The frozen close woke into a close that was no longer its own: it did not publish,
+        # and the date has exactly one succeeded run, the survivor's.
+        assert freeze["settlement_runs"].get("succeeded") == 1, freeze
+        assert freeze["frozen_s"] >= 60 and freeze["closed_by"] == "b", freeze
+
         # The scheduler fires by itself: compressed trading days, a site killed in each.
-        soak = _make("stack-soak", "DAYS=3", "MINUTES=4", "TRADES=20000", timeout=3000)
-        assert len(soak["days"]) == 3 and len(set(soak["trade_dates"])) == 3, soak
+        # Two days (three before issue 41 added the site drills: CI's hour).
+        soak = _make("stack-soak", "DAYS=2", "MINUTES=4", "TRADES=20000", timeout=3000)
+        assert len(soak["days"]) == 2 and len(set(soak["trade_dates"])) == 2, soak
         for day in soak["days"]:
             assert day["dag_run_id"].startswith("scheduled__"), day
             assert day["dag_run_state"] == "success" and day["published"], day

@@ -4,6 +4,9 @@
 # deploy/postgres-init.sh creates on the single server (the ledgers, the `airflow` login and
 # database).
 #
+# The cluster holds settlement and ledger_shared only (PG_INIT_DATABASES in its environment);
+# no `airflow` database: each site's Airflow keeps its metadata on its own server.
+#
 # Patroni passes the superuser's libpq connection string as $1 (key=value pairs; the password
 # in the PGPASSFILE it sets) and keeps its PATRONI_* settings out of this environment.
 set -euo pipefail

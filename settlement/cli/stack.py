@@ -22,6 +22,12 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
+    sp.add_argument("--fault", choices=["site-loss", "site-freeze"], default=None,
+                    help="drill: lose a whole site (every container SIGKILLed, then started "
+                         "again) or freeze it (docker pause past the leases); without it, "
+                         "site-a's consumer is killed")
+    sp.add_argument("--site", choices=["a", "b"], default="a",
+                    help="drill with --fault: the site lost or frozen")
     sp.add_argument("--days", type=int, default=3, help="soak: trading days")
     sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
                     help="soak: minutes between two closes")
@@ -59,9 +65,15 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         if not args.date:
             raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make "
                               "stack-drill DATE=2026-03-02 TRADES=20000)")
-        from settlement.stack.drill import run_stack_drill
+        if args.fault:
+            from settlement.stack.site_drill import run_site_drill
 
-        result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+            result = run_site_drill(stack, args.fault, args.site, args.date, args.trades, log,
+                                    seed=args.seed)
+        else:
+            from settlement.stack.drill import run_stack_drill
+
+            result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
     if not result["passed"]:
         raise CommandFailed(f"the stack {args.action} failed: see lost/duplicated/"
                             "dag_run_state", result)

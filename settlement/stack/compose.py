@@ -29,7 +29,12 @@ PROJECT = "dual-site-settlement"
 PROJECT_FILTER = f"label=com.docker.compose.project={PROJECT}"  # `docker ps`/`volume ls`
 OVERRIDE = Path("deploy/local/docker-compose.local.yml")
 # Run once and exit 0; everything else keeps running (and is healthy, where it says how).
-ONE_SHOT = ("kafka-init", "migrate", "airflow-init", "airflow-users", "airflow-pools")
+ONE_SHOT = ("kafka-init", "migrate", "migrate-a", "migrate-b",
+            *(f"airflow-{job}-{site}" for site in "ab" for job in ("init", "users", "pools")))
+# A profile per site (docker-compose.yml): what only that site runs. The local stack is both
+# sites; `docker compose --profile site-b up -d` would start the shared services and site B.
+SITES = ("a", "b")
+PROFILES = tuple(arg for site in SITES for arg in ("--profile", f"site-{site}"))
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class Stack:
         """docker compose on the production file with the local override and the stack's .env."""
         return [*self.compose_cmd, "-p", PROJECT, "--project-directory", str(self.root),
                 "-f", str(self.root / "docker-compose.yml"), "-f", str(self.root / OVERRIDE),
-                "--env-file", str(self.env_path), *args]
+                "--env-file", str(self.env_path), *PROFILES, *args]
 
     def compose(self, *args: str, check: bool = True, timeout: float = 900,
                 capture: bool = True) -> Any:
@@ -300,6 +305,8 @@ def stack_secrets(stack: Stack) -> dict[str, Any]:
         "postgres_dsn": pg_dsn(env, "settle_audit", env["SETTLE_PG_AUDITOR_PASSWORD"],
                                "settlement", ca),
         "airflow_url": env["AIRFLOW_BASE_URL"],
+        # Each site's Airflow (the same logins at both: each site's airflow-users-* makes them).
+        "airflow_urls": {"a": env["AIRFLOW_BASE_URL"], "b": env["AIRFLOW_B_BASE_URL"]},
         "airflow_ca": ca,
         "airflow_logins": {
             "admin": {"username": env.get("AIRFLOW_ADMIN_USER", "admin"),
@@ -337,12 +344,12 @@ def read_secrets(stack: Stack) -> dict[str, Any]:
                            f"(make stack-up)") from None
 
 
-def airflow_api(stack: Stack, login: str) -> AirflowApi:
-    """Airflow's REST API as one of the stack's logins (admin, operations, auditor), over
-    HTTPS verified against the stack's CA."""
+def airflow_api(stack: Stack, login: str, site: str = "a") -> AirflowApi:
+    """Site ``site``'s Airflow REST API as one of the stack's logins (admin, operations,
+    auditor), over HTTPS verified against the stack's CA."""
     secrets = read_secrets(stack)
     user = secrets["airflow_logins"][login]
-    return AirflowApi(secrets["airflow_url"], user["username"], user["password"],
+    return AirflowApi(secrets["airflow_urls"][site], user["username"], user["password"],
                       ca_file=secrets["airflow_ca"])
 
 
@@ -360,6 +367,7 @@ def client_info(stack: Stack) -> dict[str, Any]:
         "postgres_dsn": pg_dsn(env, "settle_audit", None, "settlement",
                                secrets["airflow_ca"]),
         "airflow_url": secrets["airflow_url"],
+        "airflow_urls": secrets["airflow_urls"],
         "airflow_ca": secrets["airflow_ca"],
         "airflow_user": secrets["airflow_logins"]["admin"]["username"],
         "airflow_password": IN_SECRETS_FILE,

@@ -34,13 +34,18 @@ PG_PORT = PG_PORTS[0]
 PATRONI_PORTS = (27008, 27009)
 ETCD_PORTS = ((27379, 27380), (27381, 27382), (27383, 27384))
 ETCD_NAMES = ("etcd-a", "etcd-b", "etcd-witness")
+# Each site's own server (not in the cluster): ledger_a / ledger_b and its Airflow's metadata.
+PG_SITE_PORTS = {"a": 27434, "b": 27435}
+# Each site's Airflow api-server: site A's (AIRFLOW_PORT), then site B's.
 AIRFLOW_PORT = 28080
+AIRFLOW_PORTS = {"a": AIRFLOW_PORT, "b": 28081}
 # The task and trigger log server ports, then the scheduler's health check. The log servers
 # are not started (--skip-serve-logs: Airflow 3.3 binds them to every interface and serves
 # plain HTTP; the api-server reads the logs from the shared volume), but the api-server still
 # asks that port for a running task's log: the stack keeps it free so that no other program's
 # log server answers.
 AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)
+AIRFLOW_B_INTERNAL_PORTS = (28795, 28796, 28975)
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
@@ -49,11 +54,14 @@ LISTEN_PORTS: dict[int, str] = {
                strict=True)),
     **{port: f"{name} {kind}" for name, ports in zip(ETCD_NAMES, ETCD_PORTS, strict=True)
        for port, kind in zip(ports, ("clients", "peers"), strict=True)},
-    AIRFLOW_PORT: "Airflow's api-server (HTTPS)",
-    **dict(zip(AIRFLOW_INTERNAL_PORTS, ("Airflow's task log port (kept free)", "Airflow's "
-                                        "trigger log port (kept free)", "Airflow's scheduler "
-                                        "health check"),
-               strict=True)),
+    **{port: f"PostgreSQL of site {site.upper()} (its ledger, its Airflow)"
+       for site, port in PG_SITE_PORTS.items()},
+    **{port: f"site {site.upper()}'s Airflow api-server (HTTPS)"
+       for site, port in AIRFLOW_PORTS.items()},
+    **{port: f"site {site.upper()}'s Airflow {what}"
+       for site, ports in (("a", AIRFLOW_INTERNAL_PORTS), ("b", AIRFLOW_B_INTERNAL_PORTS))
+       for port, what in zip(ports, ("task log port (kept free)", "trigger log port (kept "
+                                     "free)", "scheduler health check"), strict=True)},
 }
 # Where the api-server listens unless the .env says otherwise (AIRFLOW_BIND_ADDRESS, kept
 # across runs): loopback, so that logins, cookies and tokens stay on this machine.
@@ -76,7 +84,7 @@ def _fernet_key() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
 
 
-def airflow_url(bind: str) -> str:
+def airflow_url(bind: str, port: int = AIRFLOW_PORT) -> str:
     """The api-server's HTTPS URL for a bind address: loopback when it listens on every
     interface (its certificate names 127.0.0.1; a wildcard is no address to connect to)."""
     try:
@@ -85,9 +93,9 @@ def airflow_url(bind: str) -> str:
         raise ConfigError(f"AIRFLOW_BIND_ADDRESS={bind!r} is not an IP address (the stack's "
                           f"api-server listens on one: 127.0.0.1 by default)") from None
     if address.is_unspecified:
-        return f"https://127.0.0.1:{AIRFLOW_PORT}"
+        return f"https://127.0.0.1:{port}"
     host = f"[{address}]" if address.version == 6 else str(address)
-    return f"https://{host}:{AIRFLOW_PORT}"
+    return f"https://{host}:{port}"
 
 
 def local_settings(certs: Path, cron: str, compressed: str = "",
@@ -102,6 +110,9 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         "PG_ADDRESS": ",".join(f"127.0.0.1:{p}" for p in PG_PORTS),
         "PG_HOSTS": ",".join("127.0.0.1" for _ in PG_PORTS),
         "PG_PORTS": ",".join(str(p) for p in PG_PORTS),
+        # Each site's own server (ledger_a / ledger_b, that site's Airflow metadata).
+        **{f"PG_SITE_{site.upper()}_ADDRESS": f"127.0.0.1:{port}"
+           for site, port in PG_SITE_PORTS.items()},
         "ETCD_HOSTS": ",".join(f"127.0.0.1:{client}" for client, _ in ETCD_PORTS),
         "ETCD_INITIAL_CLUSTER": ",".join(f"{name}=https://127.0.0.1:{peer}" for name, (_, peer)
                                          in zip(ETCD_NAMES, ETCD_PORTS, strict=True)),
@@ -110,6 +121,9 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         "AIRFLOW_BIND_ADDRESS": airflow_bind,
         "AIRFLOW_INTERNAL_URL": airflow,
         "AIRFLOW_BASE_URL": airflow,
+        # Site B's Airflow (site A's is the two above).
+        "AIRFLOW_B_INTERNAL_URL": airflow_url(airflow_bind, AIRFLOW_PORTS["b"]),
+        "AIRFLOW_B_BASE_URL": airflow_url(airflow_bind, AIRFLOW_PORTS["b"]),
         "SETTLE_CERTS_DIR": str(certs),
         "SETTLE_SCHEME": "shared",
         "SETTLE_TOPIC": "trades",

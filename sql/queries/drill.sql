@@ -41,3 +41,25 @@ select partitions from site_heartbeats where site = %(site)s order by beat_at de
 select pid from pg_stat_activity
 where datname = current_database() and application_name = %(application_name)s
   and xact_start is not null and state in ('active', 'idle in transaction')
+
+-- name: site_stored_after
+-- When a site first stored a trade after a moment (epoch seconds): the ledger's own clock,
+-- the transaction's start (the site drills' ingest gap; the stack's servers share this host's
+-- clock).
+select extract(epoch from min(ingested_at)) from trades
+where site = %(site)s and ingested_at > to_timestamp(%(after)s)
+
+-- name: close_holder
+-- Who holds the date's close lease now (settlement database), if anyone.
+select holder, run_id from close_leases
+where trade_date = %(trade_date)s and released_at is null and expires_at > now()
+
+-- name: publications
+-- Every run of the date that was published (one, whatever the faults), with its holder.
+select run_id, holder from settlement_runs
+where trade_date = %(trade_date)s and published_at is not null
+order by run_id
+
+-- name: run_statuses
+-- The date's settlement runs by status (a close taken over is 'abandoned').
+select status, count(*) from settlement_runs where trade_date = %(trade_date)s group by status
