@@ -73,19 +73,25 @@ lint: env
 # module fixtures and fixed ports stay in one process), then, alone, the tests marked
 # `exclusive` (they stop a shared service or judge a time bound), then, with the embedded
 # services stopped, the docker-compose stack scenario (`stack`: make stack-up, stack-drill,
-# stack-down; needs root). Each prints its slowest tests. TEST_WORKERS=1 runs the first
-# phase in one process.
+# stack-down; needs root). Each prints its slowest tests; the failures of all three are
+# printed again at the end (tests/failures.py). TEST_WORKERS=1 runs the first phase in one
+# process.
 TEST_WORKERS ?= 2
 PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 --durations-min=5
+# Each phase's results, for the summary of every phase's failures printed last.
+JUNIT := .state/test/junit
 test: setup browser
 	@$(TEST_ENV) $(SETTLE) services up --json >/dev/null
 	@$(TEST_ENV) $(SETTLE) db migrate --json >/dev/null
-	@rc=0; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive and not stack" $(PYTEST_ARGS) \
+	@rc=0; rm -f $(JUNIT)-*.xml; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not exclusive and not stack" \
+	  --junitxml=$(JUNIT)-1-parallel.xml $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PYTEST) -m "exclusive and not stack" --junitxml=$(JUNIT)-2-exclusive.xml $(PYTEST_ARGS) \
 	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(PYTEST) -m "exclusive and not stack" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	$(MAKE) --no-print-directory test-down; \
-	$(PYTEST) -m stack $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PYTEST) -m stack --junitxml=$(JUNIT)-3-stack.xml $(PYTEST_ARGS) \
+	  || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PY) -m tests.failures $(JUNIT)-*.xml; \
 	exit $$rc
 
 # The tests that need no services (contract, parsers and the parity corpus, config, CLI
