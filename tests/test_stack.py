@@ -375,7 +375,8 @@ def _airflow_is_https_on_loopback_only(url: str) -> None:
                                timeout=10).read()
     listeners = _tcp_listeners()
     ours = {(a, p) for a, p in listeners if p in envfile.LISTEN_PORTS}
-    log_ports = set(envfile.AIRFLOW_INTERNAL_PORTS[:2])  # kept free: no log server runs
+    # Kept free at both sites' Airflows: no log server runs.
+    log_ports = set(envfile.AIRFLOW_INTERNAL_PORTS[:2]) | set(envfile.AIRFLOW_B_INTERNAL_PORTS[:2])
     assert {p for _, p in ours} == set(envfile.LISTEN_PORTS) - log_ports, ours
     assert {a for a, _ in ours} == {"127.0.0.1"}, ours
 
@@ -408,6 +409,8 @@ def _site_drill_passed(result: dict[str, Any], fault: str) -> None:
     assert result["trade_messages"] > 0, result
     assert result["dag_run_state"] == "success", result
     assert result["publications"] == 1, result
+    # What was published equals a netting of the day read from Kafka as the auditor.
+    assert result["positions_match"] is True and result["positions"] > 0, result
     assert result["settlement_primary_before"] == "a", result
     assert result["settlement_primary_after"] == "b", result
     assert result["rejoined"] is True and result["partitions_out_of_isr"] == 0, result

@@ -47,6 +47,9 @@ class KafkaDay:
     close_offsets: dict[int, int] = field(default_factory=dict)  # partition -> first marker
     # (partition, offset) -> identity of each well-formed cancel and correction of the date
     amendments: dict[tuple[int, int], Identity] = field(default_factory=dict)
+    # trade_id -> the first valid committed copy of each trade of the date (not late): what an
+    # independent netting of the day reads (the stack's site drills)
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def trade_ids(self) -> set[str]:
@@ -131,6 +134,7 @@ def _classify(day: KafkaDay, m: Any, p: int, off: int, max_bytes: int) -> None:
             day.late[(p, off)] = str(obj["trade_id"])
         else:
             day.trades[(p, off)] = str(obj["trade_id"])
+            day.rows.setdefault(str(obj["trade_id"]), obj)
 
 
 @dataclass

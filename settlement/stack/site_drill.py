@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from settlement.config import Settings
 from settlement.db import connect, q
 from settlement.drills.checker import (
+    KafkaDay,
     check_ledger,
     day_share,
     read_kafka_day,
@@ -123,15 +126,49 @@ def wait_run(api: AirflowApi, run_id: str, timeout: float, log: Log) -> str:
         return str(api.call("GET", f"/api/v2/dags/{DAG}/dagRuns/{run_id}")["state"])
 
 
+Net = dict[tuple[str, str], tuple[int, Decimal]]  # (account, symbol) -> net qty, net cash
+
+
+def kafka_netting(day: KafkaDay) -> Net | None:
+    """The day netted from Kafka's copies alone (read as the auditor), one leg per side of
+    each distinct trade: the independent check of what the close published. None when the
+    day carries amendments (their final state is the close's own computation)."""
+    if day.amendments:
+        return None
+    net: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, Decimal(0)])
+    for t in day.rows.values():
+        qty = int(t["quantity"])
+        amount = Decimal(str(t["price"])) * qty
+        bought, sold = net[(str(t["buyer"]), str(t["symbol"]))], net[(str(t["seller"]),
+                                                                    str(t["symbol"]))]
+        bought[0] += qty
+        bought[1] -= amount
+        sold[0] -= qty
+        sold[1] += amount
+    return {k: (int(qty), Decimal(cash)) for k, (qty, cash) in net.items()}
+
+
+def published_positions(settings: Settings, trade_date: str) -> Net:
+    with connect(settings.settlement_dsn, autocommit=True) as conn:
+        rows = conn.execute(q("drill", "published_positions"), {"trade_date": trade_date})
+        return {(str(acct), str(sym)): (int(qty), Decimal(cash))
+                for acct, sym, qty, cash in rows}
+
+
 def judge(settings: Settings, trade_date: str) -> dict[str, Any]:
     """The ledger against Kafka (read as the auditor) and what was published."""
     day = read_kafka_day(settings, trade_date)
     check = check_ledger(settings.ledger_dsn("shared"), day, settings.topic)
+    netted = kafka_netting(day)
+    published = published_positions(settings, trade_date)
     pubs = publications(settings, trade_date)
     with connect(settings.settlement_dsn, autocommit=True) as conn:
         statuses = {str(st): int(n) for st, n in conn.execute(
             q("drill", "run_statuses"), {"trade_date": trade_date})}
-    return {"settlement_runs": statuses,"trade_messages": len(day.trades), "lost": len(check.lost),
+    return {"settlement_runs": statuses,
+            # The published positions equal a netting of the day read from Kafka.
+            "positions_match": None if netted is None else netted == published,
+            "positions": len(published),"trade_messages": len(day.trades), "lost": len(check.lost),
             "duplicated": len(check.duplicated), "unexpected": len(check.unexpected),
             "ledger_ok": check.ok, "publications": len(pubs.run_ids),
             "published_run_id": pubs.run_ids[-1] if pubs.run_ids else None,
@@ -200,6 +237,7 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
         "partitions_out_of_isr": back.partitions_out_of_isr,
         "gateway": gateway_out,
         "passed": bool(verdict["ledger_ok"] and state == "success"
+                       and verdict["positions_match"] is not False
                        and verdict["publications"] == 1 and verdict["closed_by"] == survivor
                        and primary_before == site and primary_after == survivor
                        and back.rejoined),
@@ -256,6 +294,7 @@ def site_freeze(stack: Stack, trade_date: str, trades: int, site: str, log: Log,
         "partitions_out_of_isr": back.partitions_out_of_isr,
         "gateway": gateway_out,
         "passed": bool(verdict["ledger_ok"] and state == "success"
+                       and verdict["positions_match"] is not False
                        and verdict["publications"] == 1 and demoted_s is not None
                        and primary_before == site and primary_after == survivor
                        and back.rejoined),

@@ -63,3 +63,7 @@ order by run_id
 -- name: run_statuses
 -- The date's settlement runs by status (a close taken over is 'abandoned').
 select status, count(*) from settlement_runs where trade_date = %(trade_date)s group by status
+
+-- name: published_positions
+-- The date's published net positions (settlement database), for an independent netting.
+select account, symbol, net_qty, net_cash from positions where trade_date = %(trade_date)s
