@@ -19,6 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -248,13 +249,21 @@ def bump(**deltas: dict[tuple[str, str], int]) -> Any:
 # -- good days -----------------------------------------------------------------------------
 
 
-def test_a_good_day_passes_every_check(spark: SparkSession) -> None:  # noqa: F811
-    """Kafka-sourced, separate scheme: nothing is skipped; a replayed copy is no failure."""
+@pytest.mark.parametrize("docs_in_background", [False, True])
+def test_a_good_day_passes_every_check(spark: SparkSession,  # noqa: F811
+                                       docs_in_background: bool) -> None:
+    """Kafka-sourced, separate scheme: nothing is skipped; a replayed copy is no failure.
+    Data Docs built in the background (as a close builds them) are the same pages, there
+    once ``wait_for_docs`` returns."""
     import time
     from urllib.parse import urlparse
 
     started = time.time()
-    out = validate(spark, Day(amendments=AMENDED, markers=AMENDED_MARKERS), everything=True)
+    out = validate(spark, Day(amendments=AMENDED, markers=AMENDED_MARKERS), everything=True,
+                   docs_in_background=docs_in_background)
+    assert (out.docs_pending is not None) == docs_in_background
+    out.wait_for_docs()
+    assert out.docs_pending is None
     assert out.success, [c.as_dict() for c in out.failures]
     assert out.skipped == {}
     assert {f"{c.suite}@{c.asset}: {c.name}" for c in out.checks} == ALL_CHECKS

@@ -221,36 +221,55 @@ def joined_summary(settings: Settings, trade_date: str, joined: Joined,
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
            say: Callable[[str], None]) -> dict[str, Any]:
+    from settlement.spark.session import start_session, then_warm_python
+
+    t0 = time.perf_counter()
+    # What a cold process paid before this close began (the interpreter, the imports of the
+    # CLI or spark-submit's driver, the lease): the fixed cost a small day is made of.
+    timings: dict[str, float] = {"before_close_seconds": _since_process_start()}
+    # The JVM and the Spark session start first, in a thread of their own: the JVM is another
+    # process, so it starts on the other core while this thread imports validation (Great
+    # Expectations: about 4 s of CPU), builds the GX project and chooses the source; a cold
+    # close paid them one after the other.
+    # The session's own start-up, timed in its thread (its wait is ``session_seconds``).
+    started: dict[str, float] = {}
+    session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started)
+    imports_t0 = time.perf_counter()
     from settlement.report import write_report
-    from settlement.spark.io import read_day
-    from settlement.spark.session import build_session
+    from settlement.spark.io import KAFKA_WORKER_MODULES, read_day
     from settlement.spark.settle import settle_day
     from settlement.validation.day import (
         ledger_figures_ahead,
         record_validation,
         validate_day,
     )
+    from settlement.validation.run import prepare_context
 
-    t0 = time.perf_counter()
-    # What a cold process paid before this close began (the interpreter, the imports of the
-    # CLI or spark-submit's driver, the lease): the fixed cost a small day is made of.
-    timings: dict[str, float] = {"before_close_seconds": _since_process_start()}
+    if validate:
+        prepare_context(settings)  # in a thread; the validation step takes it
+    timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
     say(f"{trade_date}: choosing the source (source={source})")
     choice = _timed(timings, "choose",
                     lambda: with_reason(choose_source(settings, trade_date, source), reason))
+    if choice.source == "kafka":
+        # The classifier's Python workers start while the run is recorded and the ledgers'
+        # figures are asked for, not inside the read.
+        session = then_warm_python(session, KAFKA_WORKER_MODULES, started)
     run_id = start_run(settings, trade_date, choice, lease)
     lease.attach(run_id)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = settled = None
+    outcome: ValidationOutcome | None = None
     finished = False  # a finished run's row is append-only (migration 0007)
     try:
         # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while
         # Spark reads and nets the day.
         ahead = ledger_figures_ahead(settings, choice, trade_date) if validate else {}
         say("starting Spark")
-        spark = _timed(timings, "session",
-                       lambda: build_session(settings, app_name=f"settlement-{trade_date}"))
+        # What is left of the session's start once the steps above are done.
+        spark = _timed(timings, "session", session.result)
+        timings.update(started)
         # Between steps: a close whose renewal found the lease lost stops here, not after
         # computing a day it may not publish.
         lease.ensure_held()
@@ -264,13 +283,12 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         result = settled.result
         result.timings = {**timings, **result.timings}
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
-        outcome = None
         if validate:
             lease.ensure_held()
             say("validating (Great Expectations)")
             outcome = _timed(result.timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, settled.trades, result.positions,
-                ahead, final=settled.final))
+                ahead, final=settled.final, docs_in_background=True))
         pub = decide_publication(outcome, accept_incomplete)
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:
@@ -294,6 +312,10 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                 report_error = redact(f"the audit report was not written: "
                                       f"{type(e).__name__}: {e}")
                 say(report_error)
+        if outcome is not None:
+            # Data Docs were built while the day was published and reported: a close ends
+            # with its pages written (an operator follows the report's link).
+            _timed(result.timings, "data_docs_wait", outcome.wait_for_docs)
         result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
         summary.update(result.summary())
         summary.update({"published": pub.published, "publication": pub.note,
@@ -329,6 +351,9 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                            error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if outcome is not None:  # a close that failed after validating: no pages left behind
+            with contextlib.suppress(Exception):
+                outcome.wait_for_docs()
         if settled is not None:
             settled.trades.unpersist()
         if read is not None:

@@ -62,6 +62,7 @@ def validate_frames(
     amendments: DataFrame | None = None,
     amendment_figures: list[tuple[int, ...]] | None = None,
     other_amendments: DataFrame | None = None,
+    docs_in_background: bool = False,
 ) -> ValidationOutcome:
     """Run every suite that can fail on this run's frames.
 
@@ -185,7 +186,7 @@ def validate_frames(
               "amendments": day_amendments,
               "ledger_trades": ledger_rows, "ledger_b_trades": ledger_b_rows,
               "data_loss": data_loss, "positions": positions}
-    outcome = run_suites(frames, skip, only)
+    outcome = run_suites(frames, skip, only, docs_in_background)
     outcome.figures = drill
     return outcome
 

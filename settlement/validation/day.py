@@ -117,7 +117,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
                  positions: list[Position] | None,
                  ahead: LedgerFigures | None = None,
-                 final: DataFrame | None = None) -> ValidationOutcome:
+                 final: DataFrame | None = None,
+                 docs_in_background: bool = False) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     retention gaps the chooser found in the ledgers, the positions.
@@ -125,7 +126,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     A ledger the run already read (a ledger-sourced day) is compared in Spark; any other
     by its figures in PostgreSQL (``ledger_side``; ``ahead``: those started early by
     ``ledger_figures_ahead``), without reading its trades. ``final``: the day in final
-    states (cancels and corrections applied), when it differs from ``trades``."""
+    states (cancels and corrections applied), when it differs from ``trades``.
+    ``docs_in_background``: ``run_suites``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -188,6 +190,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
         final_trades=final, amendments=read.amendments,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
+        docs_in_background=docs_in_background,
     )
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,15 @@ class ValidationOutcome:
     # What the checksums found before any check ran: buckets compared, which differed and
     # were searched trade by trade (``settlement.spark.figures``).
     figures: dict[str, Any] = field(default_factory=dict)
+    # Data Docs being built in a thread (``run_suites(docs_in_background=True)``).
+    docs_pending: Future[bool] | None = field(default=None, repr=False, compare=False)
+
+    def wait_for_docs(self) -> None:
+        """Wait for Data Docs built in the background (no link when they failed)."""
+        if self.docs_pending is not None:
+            if not self.docs_pending.result():
+                self.data_docs = None
+            self.docs_pending = None
 
     @property
     def success(self) -> bool:
@@ -268,15 +279,56 @@ def _run_checkpoint(context: Any, checkpoints: dict[str, Any], name: str, df: Da
         return checkpoints[name].run(batch_parameters={"dataframe": df})
 
 
+# GX projects being made ready ahead of a run (``prepare_context``), by project folder.
+_prepared: dict[Path, Future[tuple[Any, dict[str, Any]]]] = {}
+_prepared_lock = threading.Lock()
+
+
+def _context_and_checkpoints(settings: Settings | None = None) -> tuple[Any, dict[str, Any]]:
+    context = get_context(settings)
+    return context, ensure_project(context)
+
+
+def prepare_context(settings: Settings) -> None:
+    """Start making the GX project ready (the context read from its files, the suites,
+    validation definitions and checkpoints checked) in a thread, for the next ``run_suites``
+    of the same project folder to take: a close does this while its Spark session starts and
+    its day is read, where it cost the validation step about a second."""
+    root = settings.gx_project_dir
+    with _prepared_lock:
+        if root in _prepared:
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gx-context")
+        _prepared[root] = pool.submit(_context_and_checkpoints, settings)
+        pool.shutdown(wait=False)
+
+
+def _ready_context() -> tuple[Any, dict[str, Any]]:
+    """The prepared project of this process's GX folder if one was started (taken: the next
+    run prepares its own), else made now. A preparation that failed is made again here, so
+    its error is the run's own."""
+    root = load_settings().gx_project_dir
+    with _prepared_lock:
+        ahead = _prepared.pop(root, None)
+    if ahead is not None:
+        try:
+            return ahead.result()
+        except Exception:  # noqa: BLE001 - made again below, raising in the run's own thread
+            pass
+    return _context_and_checkpoints()
+
+
 def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None = None,
-               only: set[str] | None = None) -> ValidationOutcome:
+               only: set[str] | None = None, docs_in_background: bool = False
+               ) -> ValidationOutcome:
     """Validate each asset's frame with its suites; an asset without a frame is skipped.
 
     ``skip`` maps a suite name, or one ``suite@asset``, to a reason it does not apply (e.g.
     no Kafka to reconcile); ``only`` restricts the run to some ``suite@asset`` names.
+    ``docs_in_background``: Data Docs are built in a thread; ``wait_for_docs`` before the
+    outcome's ``data_docs`` is read.
     """
-    context = get_context()
-    checkpoints = ensure_project(context)
+    context, checkpoints = _ready_context()
     built: list[Any] = []  # what this run adds to Data Docs
     skipped: dict[str, str] = {}
     checks: list[CheckResult] = []
@@ -309,18 +361,37 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
                     examples=[] if er.success else _examples(result),
                     severity=str(getattr(severity, "value", severity)),
                 ))
-    docs = None
+    outcome = ValidationOutcome(checks, skipped, _docs_url(context), seconds)
+    if docs_in_background:
+        # The verdict does not wait for the pages: the close publishes, writes its
+        # instructions and its report (which links the site) meanwhile, then waits
+        # (``wait_for_docs``).
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
+        outcome.docs_pending = pool.submit(_build_docs, context, built)
+        pool.shutdown(wait=False)
+    elif not _build_docs(context, built):
+        outcome.data_docs = None
+    return outcome
+
+
+def _docs_url(context: Any) -> str | None:
     try:
-        # Data Docs once for the whole run (the results and suites of this run, and the
-        # index), not once per checkpoint: each build renders the index again, about a
-        # second apiece on a small day.
+        urls = context.get_docs_sites_urls()
+    except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
+        return None
+    return urls[0]["site_url"] if urls else None
+
+
+def _build_docs(context: Any, built: list[Any]) -> bool:
+    """Data Docs once for the whole run (the results and suites of this run, and the index),
+    not once per checkpoint: each build renders the index again, about a second apiece on a
+    small day. False when they could not be built."""
+    try:
         if built:
             context.build_data_docs(resource_identifiers=built, build_index=True)
-        urls = context.get_docs_sites_urls()
-        docs = urls[0]["site_url"] if urls else None
     except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
-        docs = None
-    return ValidationOutcome(checks, skipped, docs, seconds)
+        return False
+    return True
 
 
 def register_views(spark: SparkSession, views: dict[str, DataFrame]) -> None:
