@@ -227,11 +227,16 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     # What a cold process paid before this close began (the interpreter, the imports of the
     # CLI or spark-submit's driver, the lease): the fixed cost a small day is made of.
     timings: dict[str, float] = {"before_close_seconds": _since_process_start()}
-    # The JVM and the Spark session start first, in a thread of their own: the JVM is another
+    say(f"{trade_date}: choosing the source (source={source})")
+    choice = _timed(timings, "choose",
+                    lambda: with_reason(choose_source(settings, trade_date, source), reason))
+    # Then the JVM and the Spark session start, in a thread of their own: the JVM is another
     # process, so it starts on the other core while this thread imports validation (Great
-    # Expectations: about 4 s of CPU), builds the GX project and chooses the source; a cold
-    # close paid them one after the other.
-    # The session's own start-up, timed in its thread (its wait is ``session_seconds``).
+    # Expectations: about 4 s of CPU), makes the GX project ready and records the run; a
+    # cold close paid them one after the other. (After the choice, not before: a date no
+    # source holds is said at once, with no JVM starting behind the error.) The session's
+    # own start-up is timed in its thread; what the close still waits for is
+    # ``session_seconds``.
     started: dict[str, float] = {}
     session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started)
     imports_t0 = time.perf_counter()
@@ -248,9 +253,6 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     if validate:
         prepare_context(settings)  # in a thread; the validation step takes it
     timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
-    say(f"{trade_date}: choosing the source (source={source})")
-    choice = _timed(timings, "choose",
-                    lambda: with_reason(choose_source(settings, trade_date, source), reason))
     if choice.source == "kafka":
         # The classifier's Python workers start while the run is recorded and the ledgers'
         # figures are asked for, not inside the read.
