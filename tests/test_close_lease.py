@@ -169,6 +169,31 @@ def test_a_close_whose_lease_session_ended_cannot_publish(isolated) -> None:
     assert _runs(s.settlement_dsn)[run] == ("failed", "lease lost")
 
 
+def test_a_close_that_cannot_name_its_run_in_its_lease_records_the_run_failed(
+        isolated) -> None:
+    """Issue 41's site-freeze: a close frozen past its lease woke with its lease session gone
+    (its server demoted meanwhile) and crashed naming its run there; the run stayed `running`
+    for nobody. Now it is recorded failed, and the error still stops the close."""
+    import psycopg
+
+    from settlement.close.pipeline import begin_run
+    from settlement.eod.model import SourceChoice
+
+    s = isolated.settings.for_component("settlement")
+    got, _ = _acquire(isolated.settings)
+    assert isinstance(got, close_lease.Lease)
+    with connect(isolated.settings.settlement_dsn) as admin:
+        admin.execute("select pg_terminate_backend(%s)", (got.conn.info.backend_pid,))
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            begin_run(s, DAY, SourceChoice("db", "woken"), got)
+    finally:
+        got.release()
+    (status, error), = _runs(s.settlement_dsn).values()
+    assert status == "failed" and "lost its lease session" in str(error), error
+    assert _published(s.settlement_dsn) is None
+
+
 def test_a_close_gives_up_waiting_after_its_bound(isolated, tmp_path: Path) -> None:
     first = _worker(isolated.env, tmp_path / "go")
     run = _line(first)["held"]

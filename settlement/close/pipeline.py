@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
+
 from settlement.config import Settings
 from settlement.db import connect, q
 from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, settled_by
@@ -218,6 +220,22 @@ def joined_summary(settings: Settings, trade_date: str, joined: Joined,
                             ).rstrip(": ")}
 
 
+def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: Lease) -> int:
+    """The close's run, recorded and named in its lease. A close that cannot name it there
+    (its lease session gone: its site was frozen past the lease and its server demoted
+    meanwhile, issue 41's site-freeze drill) records the run failed rather than leaving it
+    `running` for nobody, and raises."""
+    run_id = start_run(settings, trade_date, choice, lease)
+    try:
+        lease.attach(run_id)
+    except psycopg.Error as e:
+        with contextlib.suppress(LeaseLost):
+            finish_run(settings, run_id, "failed", {},
+                       error=f"its close lost its lease session: {type(e).__name__}: {e}")
+        raise
+    return run_id
+
+
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
            say: Callable[[str], None]) -> dict[str, Any]:
@@ -257,8 +275,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         # The classifier's Python workers start while the run is recorded and the ledgers'
         # figures are asked for, not inside the read.
         session = then_warm_python(session, KAFKA_WORKER_MODULES, started)
-    run_id = start_run(settings, trade_date, choice, lease)
-    lease.attach(run_id)
+    run_id = begin_run(settings, trade_date, choice, lease)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = settled = None
