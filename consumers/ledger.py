@@ -26,11 +26,20 @@ from typing import Any, Protocol, TypeVar
 import psycopg
 
 from consumers.parse import (
+    REPLAY,
     AmendedTrade,
     Amendment,
+    CloseMarker,
+    KeptMarker,
+    Malformed,
+    amended_marker_refusal,
+    amendment,
     amendment_conflict_reason,
     amendment_refusal,
     conflict_reason,
+    covered,
+    decode,
+    late_reason,
     marker_conflict_reason,
 )
 from settlement.contract import STAGE_COLUMNS
@@ -302,16 +311,20 @@ class Ledger:
             # 3. Close markers before trades: a marker earlier in this batch closes its day for
             # the trades after it (step 4).
             # A second marker of a day's partition with another last_seq is dead-lettered.
-            markers = [self._params(**m) for m in batch.close_markers]
+            markers = [self._params(**{"amended": 0, **m}) for m in batch.close_markers]
             marker_conflicts: dict[tuple[int, int], dict[str, Any]] = {}
+            # Amended close markers kept in this batch: they decide the held amendments once
+            # the batch's own amendments are in (step 5d).
+            amended_kept: dict[tuple[int, int], dict[str, Any]] = {}
             if markers and careful:
                 n_markers, bad_m = bisect(
-                    conn, markers, lambda ms: self._markers(cur, ms, marker_conflicts))
+                    conn, markers,
+                    lambda ms: self._markers(cur, ms, marker_conflicts, amended_kept))
                 dead += [self._dead(partition=m["partition"], offset=m["offset"], raw=m["raw"],
                                     reason=f"close marker {reason}") for m, reason in bad_m]
                 refused += len(bad_m)
             elif markers:
-                n_markers = self._markers(cur, markers, marker_conflicts)
+                n_markers = self._markers(cur, markers, marker_conflicts, amended_kept)
             else:
                 n_markers = 0
             dead += marker_conflicts.values()
@@ -324,9 +337,8 @@ class Ledger:
                     for p, off, day, close_off in late_rows:
                         late.append((int(p), int(off)))
                         dead.append(self._dead_message(
-                            by_pos[(p, off)],
-                            f"late: trade_date {day.isoformat()} closed on partition {p} at "
-                            f"offset {close_off}", trade_date=day))
+                            by_pos[(p, off)], late_reason(day.isoformat(), p, int(close_off)),
+                            trade_date=day))
                     cur.execute(q("ingest", "drop_staged"), {
                         "partitions": [p for p, _ in late], "offsets": [o for _, o in late]})
             # 5. Staged trades into the ledger; a replayed trade_id is a duplicate, not an error.
@@ -362,6 +374,9 @@ class Ledger:
             if batch.amendments:
                 amended, dups_a, bad_a = self._amendments(cur, batch.amendments)
                 dead += bad_a
+            # 5d. Amended close markers decide the amendments held since the day's close.
+            for m in sorted(amended_kept.values(), key=lambda m: m["offset"]):
+                amended += self._decide_held(cur, m)
             # 6. Dead letters (those of the parser, the late, refused and conflicting ones).
             if dead and careful:
                 _, bad_d = bisect(conn, dead, lambda ds: self._dead_letters(cur, ds))
@@ -423,13 +438,27 @@ class Ledger:
             raise Fenced(moved)
 
     def _markers(self, cur: psycopg.Cursor[Any], markers: Sequence[dict[str, Any]],
-                 conflicts: dict[tuple[int, int], dict[str, Any]]) -> int:
+                 conflicts: dict[tuple[int, int], dict[str, Any]],
+                 amended_kept: dict[tuple[int, int], dict[str, Any]]) -> int:
         """Insert the markers (a handful per day); returns how many were new. A replayed
         marker is ignored; one that contradicts the kept marker's last_seq goes into
-        ``conflicts`` as a dead letter (keyed by position: a narrowed-down retry redoes it)."""
+        ``conflicts`` as a dead letter (keyed by position: a narrowed-down retry redoes it).
+        Amended close markers kept go into ``amended_kept``."""
         new = 0
         for m in markers:
             pos = (m["partition"], m["offset"])
+            if m["amended"]:
+                amended_kept.pop(pos, None)
+                conflicts.pop(pos, None)
+                why = self._amended_marker(cur, m)
+                if why is None:
+                    new += 1
+                    amended_kept[pos] = m
+                elif why != REPLAY:
+                    conflicts[pos] = self._dead(
+                        partition=m["partition"], offset=m["offset"], raw=m["raw"],
+                        trade_date=m["trade_date"], reason=why)
+                continue
             if cur.execute(q("ingest", "insert_close_marker"), m).fetchone() is not None:
                 new += 1
                 conflicts.pop(pos, None)
@@ -443,6 +472,53 @@ class Ledger:
                         int(kept[1])))
         return new
 
+    def _amended_marker(self, cur: psycopg.Cursor[Any], m: dict[str, Any]) -> str | None:
+        """Keep an amended close marker, or say why not (``REPLAY``: an equal copy)."""
+        closed = cur.execute(q("ingest", "stored_close_marker"), m).fetchone()
+        kept = [KeptMarker(int(k), int(last), int(off))
+                for k, last, off in cur.execute(q("ingest", "amended_markers"), m)]
+        why = amended_marker_refusal(
+            CloseMarker(str(m["trade_date"]), m["partition"], m["last_seq"], m["amended"]),
+            m["offset"], None if closed is None else (int(closed[0]), int(closed[1])), kept)
+        if why is None:
+            cur.execute(q("ingest", "insert_amended_marker"), m)
+        return why
+
+    def _decide_held(self, cur: psycopg.Cursor[Any], m: dict[str, Any]) -> int:
+        """The held amendments an amended close marker covers, in offset order: each stored
+        as a post-close amendment of its day or refused (the verdict is recorded with it; its
+        `late` dead letter stays, as the message's history). Returns how many were stored."""
+        p, k = m["partition"], m["amended"]
+        stored = 0
+        held = cur.execute(q("ingest", "held_amendments"), self._params(
+            trade_date=m["trade_date"], partition=p, offset=m["offset"])).fetchall()
+        for off, kind, seq, raw in held:
+            if not covered(int(seq), int(off), m["last_seq"], m["offset"]):
+                continue
+            raw = bytes(raw)
+            try:
+                a = amendment(decode(raw, len(raw) + 1), kind)
+            except Malformed as e:  # it passed the parser when it arrived: never expected
+                verdict = str(e)
+            else:
+                verdict = self._amendment_refusal(cur, a, p, int(off), after_close=True) or ""
+                if not verdict:
+                    try:
+                        with cur.connection.transaction():
+                            cur.execute(q("ingest", "insert_amendment"), self._params(
+                                trade_id=a.trade_id, trade_date=a.trade_date, seq=a.seq,
+                                partition=p, offset=int(off), kind=a.kind, version=a.version,
+                                reason=a.reason, amended=k, **_corrected(a.values)))
+                        stored += 1
+                        verdict = "stored"
+                    except psycopg.Error as e:
+                        if not is_permanent(e):
+                            raise
+                        verdict = db_reason(e)
+            cur.execute(q("ingest", "decide_late_amendment"), self._params(
+                partition=p, offset=int(off), amended=k, verdict=clean_reason(verdict)))
+        return stored
+
     def _amendments(self, cur: psycopg.Cursor[Any], amendments: Sequence[dict[str, Any]]
                     ) -> tuple[int, int, list[dict[str, Any]]]:
         """Store the batch's cancels and corrections in offset order, each checked as the
@@ -455,9 +531,15 @@ class Ledger:
             a: Amendment = m["a"]
             p, off = m["partition"], m["offset"]
             reason = self._amendment_refusal(cur, a, p, off)
-            if reason == "replay":
+            if reason == REPLAY:
                 dups += 1
                 continue
+            if reason is not None and reason.startswith("late: "):
+                # Held: an amended close marker behind it may yet make it a post-close
+                # amendment of its day (_decide_held); until then it is a late dead letter.
+                cur.execute(q("ingest", "hold_late_amendment"), self._params(
+                    partition=p, offset=off, trade_date=a.trade_date, kind=a.kind, seq=a.seq,
+                    raw=m["raw"]))
             if reason is None:
                 v = a.values
                 try:
@@ -465,7 +547,7 @@ class Ledger:
                         cur.execute(q("ingest", "insert_amendment"), self._params(
                             trade_id=a.trade_id, trade_date=a.trade_date, seq=a.seq,
                             partition=p, offset=off, kind=a.kind, version=a.version,
-                            reason=a.reason,
+                            reason=a.reason, amended=None,
                             **_corrected(v)))
                     stored += 1
                     continue
@@ -477,18 +559,20 @@ class Ledger:
                                    trade_date=a.trade_date))
         return stored, dups, dead
 
-    def _amendment_refusal(self, cur: psycopg.Cursor[Any], a: Amendment, p: int, off: int
-                           ) -> str | None:
-        """Why ``a`` may not be stored ("replay" for an equal copy of a stored one), or None."""
-        closed = cur.execute(q("ingest", "stored_close_marker"),
-                             {"trade_date": a.trade_date, "partition": p}).fetchone()
-        if closed is not None and int(closed[1]) < off:
-            return f"late: trade_date {a.trade_date} closed on partition {p} at offset {closed[1]}"
+    def _amendment_refusal(self, cur: psycopg.Cursor[Any], a: Amendment, p: int, off: int,
+                           after_close: bool = False) -> str | None:
+        """Why ``a`` may not be stored (``REPLAY`` for an equal copy of a stored one), or
+        None. ``after_close``: an amended close decides it, so its day's close does not."""
+        if not after_close:
+            closed = cur.execute(q("ingest", "stored_close_marker"),
+                                 {"trade_date": a.trade_date, "partition": p}).fetchone()
+            if closed is not None and int(closed[1]) < off:
+                return late_reason(a.trade_date, p, int(closed[1]))
         copy = cur.execute(q("ingest", "amendment_copy"), {
             "trade_id": a.trade_id, "kind": a.kind, "version_key": a.version or 0,
             "seq": a.seq, "reason": a.reason, **_corrected(a.values)}).fetchone()
         if copy is not None:
-            return "replay" if copy[2] else amendment_conflict_reason(a, int(copy[0]),
+            return REPLAY if copy[2] else amendment_conflict_reason(a, int(copy[0]),
                                                                        int(copy[1]))
         row = cur.execute(q("ingest", "amended_trade"), {"trade_id": a.trade_id}).fetchone()
         trade = None

@@ -22,6 +22,7 @@ import orjson
 from settlement.contract import (
     BUYER,
     CANCEL,
+    CLOSE_AMENDED,
     CLOSE_LAST_SEQ,
     CLOSE_PARTITION,
     CORRECT,
@@ -67,6 +68,7 @@ class CloseMarker:
     trade_date: str
     partition: int
     last_seq: int
+    amended: int = 0  # k of the k-th amended close; 0 for the day's close
 
 
 def _is_date(value: str) -> bool:
@@ -389,7 +391,63 @@ def close_marker(obj: dict[str, object], partition: int) -> CloseMarker:
     if part != partition:
         raise Malformed(f"close marker for partition {part} arrived on partition {partition}")
     _int(last_seq, CLOSE_LAST_SEQ.name, CLOSE_LAST_SEQ.minimum, CLOSE_LAST_SEQ.maximum)
-    return CloseMarker(str(trade_date), partition, last_seq)  # type: ignore[arg-type]
+    amended = obj.get(CLOSE_AMENDED.name, 0)
+    if CLOSE_AMENDED.name in obj:
+        _int(amended, CLOSE_AMENDED.name, CLOSE_AMENDED.minimum, CLOSE_AMENDED.maximum)
+    return CloseMarker(str(trade_date), partition, last_seq, amended)  # type: ignore[arg-type]
+
+
+# -- the amended close: one rule for the sites and the Kafka read -------------------------------
+# A cancel or correction of day D on a partition where D's close marker came before it is held
+# as a `late` dead letter; an amended close marker of D behind it on that partition whose
+# last_seq covers its seq makes it a post-close amendment of D (checked then, in offset order,
+# against its trade's state, by amendment_refusal). The sites hold such messages in the ledger
+# (late_amendments) and decide when the marker arrives; the Kafka read holds them in its worker
+# and decides at the same point of the log, so both reach the same verdict.
+REPLAY = "replay"
+
+
+class KeptMarker(NamedTuple):
+    """An amended close marker already kept for a day's partition."""
+
+    amended: int
+    last_seq: int
+    offset: int
+
+
+def late_reason(trade_date: str, partition: int, close_offset: int) -> str:
+    """The dead-letter reason of a message of a day after that day's close on its partition
+    (a trade, or an amendment no amended close covers)."""
+    return f"late: trade_date {trade_date} closed on partition {partition} at offset {close_offset}"
+
+
+def amended_marker_refusal(cm: CloseMarker, offset: int, closed: tuple[int, int] | None,
+                           kept: list[KeptMarker]) -> str | None:
+    """Why an amended close marker (``cm.amended`` > 0) at ``offset`` may not be kept
+    (``REPLAY`` for an equal copy of a kept one), or None. ``closed``: the day's close marker
+    on the partition (last_seq, offset), if one came before; ``kept``: the amended ones kept
+    so far, in order."""
+    what = f"amended close marker {cm.amended} of {cm.trade_date} on partition {cm.partition}"
+    if closed is None or closed[1] > offset:
+        return f"{what}: the day is not closed on this partition"
+    for k in kept:
+        if k.amended == cm.amended:
+            if k.last_seq == cm.last_seq:
+                return REPLAY
+            return (f"conflicting {what}: last_seq {cm.last_seq}, the marker kept at offset "
+                    f"{k.offset} says {k.last_seq}")
+    if cm.amended != len(kept) + 1:
+        return f"{what}: expected amended {len(kept) + 1} next"
+    before = max([closed[0], *(k.last_seq for k in kept)])
+    if cm.last_seq < before:
+        return f"{what}: last_seq {cm.last_seq} is below the day's last close ({before})"
+    return None
+
+
+def covered(a_seq: int, a_offset: int, marker_last_seq: int, marker_offset: int) -> bool:
+    """Whether an amended close marker covers a held post-close amendment: the amendment
+    came before the marker and the marker's last_seq counts its seq."""
+    return a_offset < marker_offset and a_seq <= marker_last_seq
 
 
 @dataclass(frozen=True, slots=True)

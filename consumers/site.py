@@ -360,7 +360,7 @@ class Site:
                     cm = close_marker(obj, p)
                     batch.close_markers.append({"trade_date": cm.trade_date, "partition": p,
                                                 "last_seq": cm.last_seq, "offset": off,
-                                                "raw": raw})
+                                                "amended": cm.amended, "raw": raw})
                 elif kind in AMENDMENTS:
                     batch.amendments.append({"a": amendment(obj, kind), "partition": p,
                                              "offset": off, "raw": raw})

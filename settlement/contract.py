@@ -144,6 +144,13 @@ CORRECTED_FIELDS = ("symbol", "price", "quantity", "buyer", "seller", "executed_
 CLOSE_PARTITION = IntField("partition", 0, MAX_PARTITION)
 CLOSE_LAST_SEQ = IntField("last_seq", 0, MAX_SEQ)
 CLOSE_FIELDS = ("trade_date", "partition", "last_seq")
+# An amended close (busts and corrections decided after the close, design.md): the k-th
+# amended close marker of a day's partition carries "amended": k (1, 2, ...) and a last_seq
+# that covers the cancels and corrections sent after the close. Optional: a marker without
+# it is the day's close. A cancel or correction of a closed day is a post-close amendment
+# of it only when an amended close marker behind it on its partition covers its seq; else
+# it stays a `late` dead letter.
+CLOSE_AMENDED = IntField("amended", 1, 2**31 - 1)
 
 # -- the ledger row ---------------------------------------------------------------------------
 # Columns of `trades` that settlement reads, in this order (sql/migrations/0001_ledger.sql).

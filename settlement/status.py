@@ -59,6 +59,18 @@ def status(settings: Settings, limits: Thresholds | None = None) -> dict[str, An
     runs = settlement_runs(settings)
     if runs.get("error"):
         problems.append(_db_problem("settlement database", runs["error"], settings))
+    if not runs.get("error"):
+        try:
+            runs["awaiting_reclose"] = [a.as_dict() for a in awaiting_reclose(settings)]
+        except psycopg.Error as e:
+            runs["awaiting_reclose_error"] = redact(str(e).strip())[:300]
+        amended = {a["trade_date"]: a for a in runs.get("awaiting_reclose", [])}
+        for r in runs["runs"]:
+            # The published run of a day amended since it: its report stands until a re-close
+            # publishes the next version.
+            a = amended.get(r["trade_date"])
+            if a is not None and a["published_run"] == r["run_id"]:
+                r["amended_since"] = a["since"]
     problems += judge(ledgers, runs, limits, kafka_ok=not kafka.get("error"))
     return {"healthy": not problems, "problems": problems,
             "checked_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -281,3 +293,57 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
         runs.append(d)
     return {"runs": runs, "closes_in_progress": closes, "abandoned": abandoned,
             "open_fails": open_fails}
+
+
+# -- days awaiting a re-close ------------------------------------------------------------------
+@dataclass(frozen=True)
+class AwaitingReclose:
+    """A published day with post-close amendments its published run did not settle."""
+
+    trade_date: str
+    amendments: int  # post-close amendments stored since the published run's amended closes
+    since: str  # when the first amended close not yet settled arrived (ISO 8601, UTC)
+    published_run: int
+    version: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"trade_date": self.trade_date, "amendments": self.amendments,
+                "since": self.since, "published_run": self.published_run,
+                "version": self.version}
+
+
+def awaiting_reclose(settings: Settings, trade_date: str | None = None
+                     ) -> list[AwaitingReclose]:
+    """Every published day (or ``trade_date`` only) whose ledgers hold amended closes newer
+    than those its published run settled, with post-close amendments stored by them. The
+    ledgers are read as the close reads them: each reachable one, the same amended close in
+    two site ledgers counted once. Raises psycopg.Error when the settlement database cannot
+    be read."""
+    params = {"trade_date": trade_date}
+    found: dict[tuple[str, int, int], tuple[dt.datetime, int]] = {}
+    for name in LEDGERS:
+        try:
+            with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+                rows = conn.execute(q("status", "amended_closes"), params).fetchall()
+        except psycopg.Error:
+            continue  # unreachable or not this deployment's ledger: the others answer
+        for d, p, k, at, n in rows:
+            key = (d.isoformat(), int(p), int(k))
+            seen = found.get(key)
+            found[key] = (at, int(n)) if seen is None else (min(at, seen[0]), max(int(n), seen[1]))
+    if not found:
+        return []
+    with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+        published = {d.isoformat(): (int(run), version, settled or {})
+                     for d, run, version, settled
+                     in conn.execute(q("status", "published_amended_closes"), params)}
+    days: dict[str, tuple[int, dt.datetime]] = {}
+    for (d, p, k), (at, n) in found.items():
+        pub = published.get(d)
+        if pub is None or not n or k <= int(pub[2].get(str(p), 0)):
+            continue  # not published yet (a close settles it), no amendment, or settled
+        count, since = days.get(d, (0, at))
+        days[d] = (count + n, min(since, at))
+    return [AwaitingReclose(d, n, since.astimezone(dt.UTC).isoformat(timespec="seconds"),
+                            published[d][0], published[d][1])
+            for d, (n, since) in sorted(days.items(), reverse=True)]

@@ -73,6 +73,17 @@ begin
     return new;
 end
 $$;
+CREATE TABLE public.amended_close_markers (
+    trade_date date NOT NULL,
+    kafka_partition integer NOT NULL,
+    amended integer NOT NULL,
+    last_seq bigint NOT NULL,
+    kafka_offset bigint NOT NULL,
+    site text NOT NULL,
+    ingested_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT amended_close_markers_amended_check CHECK ((amended >= 1)),
+    CONSTRAINT amended_close_markers_last_seq_check CHECK ((last_seq >= 0))
+);
 CREATE TABLE public.audit_reports (
     trade_date date NOT NULL,
     run_id bigint NOT NULL,
@@ -182,6 +193,22 @@ CREATE TABLE public.instrument_summary (
     low_price numeric(18,4) NOT NULL,
     high_price numeric(18,4) NOT NULL
 );
+CREATE TABLE public.late_amendments (
+    topic text NOT NULL,
+    kafka_partition integer NOT NULL,
+    kafka_offset bigint NOT NULL,
+    trade_date date NOT NULL,
+    kind text NOT NULL,
+    seq bigint NOT NULL,
+    raw bytea NOT NULL,
+    site text NOT NULL,
+    ingested_at timestamp with time zone DEFAULT now() NOT NULL,
+    amended integer,
+    verdict text,
+    CONSTRAINT late_amendments_amended_check CHECK ((amended >= 1)),
+    CONSTRAINT late_amendments_check CHECK (((amended IS NULL) = (verdict IS NULL))),
+    CONSTRAINT late_amendments_kind_check CHECK ((kind = ANY (ARRAY['cancel'::text, 'correct'::text])))
+);
 CREATE TABLE public.positions (
     trade_date date NOT NULL,
     account text NOT NULL,
@@ -263,6 +290,24 @@ CREATE VIEW public.positions_by_version AS
      JOIN public.run_positions p ON ((p.run_id = r.run_id)))
      LEFT JOIN public.published_days d ON ((d.trade_date = r.trade_date)))
   WHERE (r.version IS NOT NULL);
+CREATE TABLE public.reclose_decisions (
+    decision_id bigint NOT NULL,
+    run_id bigint NOT NULL,
+    trade_date date NOT NULL,
+    decision text NOT NULL,
+    decided_by text NOT NULL,
+    decided_at timestamp with time zone DEFAULT now() NOT NULL,
+    delta jsonb NOT NULL,
+    outcome text NOT NULL,
+    CONSTRAINT reclose_decisions_decision_check CHECK ((decision = ANY (ARRAY['approved'::text, 'rejected'::text])))
+);
+CREATE SEQUENCE public.reclose_decisions_decision_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+ALTER SEQUENCE public.reclose_decisions_decision_id_seq OWNED BY public.reclose_decisions.decision_id;
 CREATE TABLE public.run_cash_obligations (
     run_id bigint NOT NULL,
     trade_date date CONSTRAINT cash_obligations_trade_date_not_null NOT NULL,
@@ -345,6 +390,8 @@ CREATE TABLE public.trade_amendments (
     executed_at timestamp with time zone,
     site text NOT NULL,
     ingested_at timestamp with time zone DEFAULT now() NOT NULL,
+    amended integer,
+    CONSTRAINT trade_amendments_amended_check CHECK ((amended >= 1)),
     CONSTRAINT trade_amendments_check CHECK ((((kind = 'correct'::text) = (version IS NOT NULL)) AND ((version IS NULL) OR (version >= 2)))),
     CONSTRAINT trade_amendments_check1 CHECK (((kind = 'cancel'::text) = (reason IS NOT NULL))),
     CONSTRAINT trade_amendments_check2 CHECK ((seller <> buyer)),
@@ -374,8 +421,11 @@ CREATE TABLE public.trades (
     CONSTRAINT trades_seq_check CHECK ((seq > 0))
 );
 ALTER TABLE ONLY public.ingest_batches ALTER COLUMN id SET DEFAULT nextval('public.ingest_batches_id_seq'::regclass);
+ALTER TABLE ONLY public.reclose_decisions ALTER COLUMN decision_id SET DEFAULT nextval('public.reclose_decisions_decision_id_seq'::regclass);
 ALTER TABLE ONLY public.settlement_runs ALTER COLUMN run_id SET DEFAULT nextval('public.settlement_runs_run_id_seq'::regclass);
 ALTER TABLE ONLY public.site_heartbeats ALTER COLUMN id SET DEFAULT nextval('public.site_heartbeats_id_seq'::regclass);
+ALTER TABLE ONLY public.amended_close_markers
+    ADD CONSTRAINT amended_close_markers_pkey PRIMARY KEY (trade_date, kafka_partition, amended);
 ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_pkey PRIMARY KEY (trade_date, run_id);
 ALTER TABLE ONLY public.cash_obligations
@@ -396,10 +446,14 @@ ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_pkey PRIMARY KEY (instruction_id);
 ALTER TABLE ONLY public.instrument_summary
     ADD CONSTRAINT instrument_summary_pkey PRIMARY KEY (trade_date, symbol);
+ALTER TABLE ONLY public.late_amendments
+    ADD CONSTRAINT late_amendments_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
 ALTER TABLE ONLY public.positions
     ADD CONSTRAINT positions_pkey PRIMARY KEY (trade_date, account, symbol);
 ALTER TABLE ONLY public.published_days
     ADD CONSTRAINT published_days_pkey PRIMARY KEY (trade_date);
+ALTER TABLE ONLY public.reclose_decisions
+    ADD CONSTRAINT reclose_decisions_pkey PRIMARY KEY (decision_id);
 ALTER TABLE ONLY public.run_cash_obligations
     ADD CONSTRAINT run_cash_obligations_pkey PRIMARY KEY (run_id, account);
 ALTER TABLE ONLY public.run_instrument_summary
@@ -420,6 +474,8 @@ CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingeste
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
 CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btree (instruction_id) WHERE ((carried_into_run IS NULL) AND ((open_quantity <> 0) OR (open_amount <> (0)::numeric)));
+CREATE INDEX late_amendments_held ON public.late_amendments USING btree (trade_date, kafka_partition, kafka_offset) WHERE (amended IS NULL);
+CREATE INDEX reclose_decisions_date ON public.reclose_decisions USING btree (trade_date);
 CREATE INDEX settlement_instructions_date ON public.settlement_instructions USING btree (settlement_date);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE UNIQUE INDEX settlement_runs_date_version ON public.settlement_runs USING btree (trade_date, version) WHERE (version IS NOT NULL);
@@ -439,6 +495,8 @@ ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
 ALTER TABLE ONLY public.published_days
     ADD CONSTRAINT published_days_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.reclose_decisions
+    ADD CONSTRAINT reclose_decisions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.run_cash_obligations
     ADD CONSTRAINT run_cash_obligations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.run_instrument_summary

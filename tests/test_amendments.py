@@ -17,6 +17,7 @@ from consumers.parse import (
     amendment,
     amendment_refusal,
     apply_amendment,
+    close_marker,
     decode,
     trade_copy_line,
 )
@@ -287,3 +288,127 @@ def test_sites_and_the_kafka_read_agree_on_every_amendment(
     assert sorted((r["trade_id"], r["kind"], r["version"]) for r in amends.collect()) == [
         ("T000001", "cancel", None), ("T000001", "correct", 2), ("T000001", "correct", 3),
         ("T000002", "cancel", None), ("T000002", "correct", 3), ("T000004", "correct", 2)]
+
+
+# -- the amended close: busts after the close, one rule for the sites and the Kafka read -------
+def _close_msg(last_seq: int, amended: int | None = None, day: str = DATE) -> dict[str, object]:
+    return {"trade_date": day, "partition": 0, "last_seq": last_seq,
+            **({} if amended is None else {"amended": amended})}
+
+
+def _amended_stream() -> list[tuple[str, dict[str, object] | bytes]]:
+    """One partition's log across a close: the day, its close, then busts and corrections
+    after it with amended close markers good and bad, a late trade, the next day's trades."""
+    nxt = "2026-11-24"
+    return [
+        ("trade", _trade(1)), ("trade", _trade(2, seq=2)), ("trade", _trade(3, seq=3)),
+        ("cancel", _cancel(3, 4)),  # before the close: an ordinary bust
+        ("close", _close_msg(4, 1)),  # 4: an amended close before the day closed
+        ("close", _close_msg(4)),  # 5: the close
+        ("trade", _trade(5, seq=5)),  # 6: a late trade
+        ("trade", _trade(6, trade_date=nxt, seq=1, executed_at=f"{nxt}T14:00:00Z")),
+        ("cancel", _cancel(1, 5)),  # 8: bust after the close: covered by amended 1
+        ("correct", _correct(2, 6, 2, quantity=12)),  # 9: covered by amended 1
+        ("correct", _correct(2, 6, 2, quantity=12)),  # 10: an identical replay, covered
+        ("cancel", _cancel(3, 7)),  # 11: covered, but a second (different) cancel of T3
+        ("close", _close_msg(7, 2)),  # 12: amended 2 before amended 1
+        ("close", _close_msg(7, 1)),  # 13: amended 1
+        ("close", _close_msg(7, 1)),  # 14: its replay
+        ("close", _close_msg(8, 1)),  # 15: a conflicting amended 1
+        ("correct", _correct(2, 8, 3, price="11.5")),  # 16: covered by amended 2
+        ("correct", _correct(1, 9, 2)),  # 17: of a trade busted after the close
+        ("close", _close_msg(6, 2)),  # 18: amended 2 going back below amended 1
+        ("close", _close_msg(9, 2)),  # 19: amended 2
+        ("cancel", _cancel(2, 10)),  # 20: after the close, no amended close behind it
+        ("trade", _trade(7, trade_date=nxt, seq=2, executed_at=f"{nxt}T14:00:00Z")),
+    ]
+
+
+def _site_verdicts(isolated: Isolated, stream: list[tuple[str, bytes]]) -> dict[int, str]:
+    """Each message through the parser and the ledger (one batch each, as a slow day runs):
+    'stored', 'kept' (a marker), 'replay', or the reason it is not."""
+    ledger = _ledger(isolated)
+    for off, (kind, raw) in enumerate(stream):
+        b = Builder()
+        try:
+            obj = decode(raw, 10_000)
+            if kind == "trade":
+                b.line(trade_copy_line(obj, 0, off, "a"), 0, off, raw)
+            elif kind == "close":
+                cm = close_marker(obj, 0)
+                b.batch.close_markers.append({
+                    "trade_date": cm.trade_date, "partition": 0, "last_seq": cm.last_seq,
+                    "offset": off, "amended": cm.amended, "raw": raw})
+                b._seen(0, off)
+            else:
+                b.batch.amendments.append({"a": amendment(obj, kind), "partition": 0,
+                                           "offset": off, "raw": raw})
+                b._seen(0, off)
+        except Malformed as e:
+            b.dead(0, off, str(e))
+        _write(ledger, b)
+    dead = dict(_rows(isolated, "select kafka_offset, reason from dead_letters"))
+    # A held amendment an amended close decided keeps its late dead letter as history; its
+    # verdict is the decision's.
+    decided = dict(_rows(isolated, "select kafka_offset, verdict from late_amendments "
+                                   "where verdict is not null"))
+    stored = {o for (o,) in _rows(isolated, "select kafka_offset from trade_amendments")}
+    markers = {o for (o,) in _rows(isolated, "select kafka_offset from close_markers union all "
+                                             "select kafka_offset from amended_close_markers")}
+    out = {}
+    for off, (kind, _) in enumerate(stream):
+        if off in decided:
+            out[off] = decided[off]
+        elif off in dead:
+            out[off] = dead[off]
+        elif kind == "close":
+            out[off] = "kept" if off in markers else "replay"
+        elif kind != "trade":
+            out[off] = "stored" if off in stored else "replay"
+        else:
+            out[off] = "stored"
+    return out
+
+
+@pytest.mark.services
+def test_sites_and_the_kafka_read_agree_on_the_amended_close(
+        spark: SparkSession, isolated: Isolated) -> None:  # noqa: F811
+    stream = [(k, v if isinstance(v, bytes) else json.dumps(v).encode())
+              for k, v in _amended_stream()]
+    site = _site_verdicts(isolated, stream)
+    frame = spark.createDataFrame(
+        [(b"k", raw, 0, off, [(TYPE_HEADER, kind.encode())])
+         for off, (kind, raw) in enumerate(stream)],
+        "key binary, value binary, partition int, offset long, "
+        "headers array<struct<key:string,value:binary>>").coalesce(1)
+    rows = classify_kafka_values(frame, 10_000).collect()
+    assert sorted(r["kafka_offset"] for r in rows) == list(range(len(stream)))
+    reader = {}
+    for r in rows:
+        valid = r["reason"] is None
+        reader[r["kafka_offset"]] = (
+            r["reason"] if not valid else "kept" if r["_kind"] == "close" and not r["_dup"]
+            else "replay" if r["_dup"] else "stored")
+    # A replayed marker is not a copy to the classifier: it is valid, like the first.
+    reader[14] = "replay" if reader[14] == "kept" else reader[14]
+    assert reader == site
+    closed = f"late: trade_date {DATE} closed on partition 0 at offset 5"
+    assert site[4] == f"amended close marker 1 of {DATE} on partition 0: the day is not closed " \
+                      "on this partition"
+    assert site[6] == site[20] == closed  # a late trade; a bust no amended close covers
+    assert [site[o] for o in (8, 9, 10, 16, 17)] == [
+        "stored", "stored", "replay", "stored",
+        "correction (version 2) of trade 'T000001': the trade is cancelled"]
+    assert site[11].startswith("conflicting replay of the cancel of trade 'T000003'")
+    assert site[12] == f"amended close marker 2 of {DATE} on partition 0: expected amended 1 " \
+                       "next"
+    assert site[15].startswith(f"conflicting amended close marker 1 of {DATE}")
+    assert "is below the day's last close (7)" in site[18]
+    assert site[13] == site[19] == "kept" and site[14] == "replay"
+    with connect(isolated.settings.ledger_dsn("a")) as conn:
+        assert conn.execute("select kafka_offset, amended from trade_amendments "
+                            "order by kafka_offset").fetchall() == [
+            (3, None), (8, 1), (9, 1), (16, 2)]
+    # The day's amendments as the reader hands them to the settlement: the same ones.
+    amends = split_classified(spark.createDataFrame(rows, CLASSIFIED_SCHEMA)).amendments
+    assert sorted(r["kafka_offset"] for r in amends.collect()) == [3, 8, 9, 16]

@@ -36,6 +36,8 @@ def run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
         (["instructions", "status"], "settle instructions status needs --file STATUS.csv"),
         (["instructions", "--date", "2026-11-31"], "not a calendar date"),
         (["instructions", "--date", "2026-11-23", "--format", "pdf"], "invalid choice: 'pdf'"),
+        (["eod", "--date", "2026-11-23", "--reclose", "--only-if-unsettled"],
+         "--reclose settles a settled day again"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_reason(args: list[str], message: str) -> None:

@@ -37,11 +37,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from consumers.parse import (
+    REPLAY,
+    KeptMarker,
     Malformed,
+    amended_marker_refusal,
     close_marker,
     conflict_reason,
     decode,
     fingerprint,
+    late_reason,
     marker_conflict_reason,
     message_type,
     trade_copy_line,
@@ -169,20 +173,36 @@ def _show(m: Msg) -> str:
 
 
 def with_replays(msgs: Sequence[Msg], verdicts: Sequence[Verdict]) -> list[Verdict]:
-    """The sites' replay rule over a batch, per Kafka partition in offset order: a later copy
-    of a trade id whose content differs from the first copy's, or a later close marker of a
-    date with another last_seq, is a dead letter (an identical copy stays a trade)."""
+    """The sites' rules across a batch, per Kafka partition in offset order: a trade of a date
+    whose close marker came before it is late; a later copy of a trade id whose content
+    differs from the first copy's, or a later close marker of a date with another last_seq, is
+    a dead letter (an identical copy stays a trade); an amended close marker is kept or
+    refused by the amended close's rule (consumers.parse.amended_marker_refusal)."""
     out = list(verdicts)
     trades: dict[tuple[int, str], tuple[int, int]] = {}
     closes: dict[tuple[int, Any], tuple[int, int]] = {}
+    amended: dict[tuple[int, Any], list[KeptMarker]] = {}
     for offset, (m, (kind, values)) in enumerate(zip(msgs, verdicts, strict=True)):
         if kind == "trade":
             t = trade_values(decode(m.value, MAX_BYTES))
+            closed = closes.get((m.partition, dt.date.fromisoformat(t.trade_date)))
+            if closed is not None:
+                out[offset] = ("dead", late_reason(t.trade_date, m.partition, closed[1]))
+                continue
             first = trades.setdefault((m.partition, t.trade_id), (fingerprint(t), offset))
             if first[0] != fingerprint(t):
                 out[offset] = ("dead", conflict_reason(t.trade_id, m.partition, first[1]))
         elif kind == "close":
             day, part, last_seq = values
+            cm = close_marker(decode(m.value, MAX_BYTES), part)
+            if cm.amended:
+                kept_a = amended.setdefault((part, day), [])
+                why = amended_marker_refusal(cm, offset, closes.get((part, day)), kept_a)
+                if why is None:
+                    kept_a.append(KeptMarker(cm.amended, last_seq, offset))
+                elif why != REPLAY:
+                    out[offset] = ("dead", why)
+                continue
             kept = closes.setdefault((part, day), (last_seq, offset))
             if kept[0] != last_seq:
                 out[offset] = ("dead", marker_conflict_reason(
@@ -312,6 +332,20 @@ CORPUS: list[tuple[Msg | bytes | None, str, str]] = [
     (Msg(close(trade_date="2026-02-30"), TYPE_CLOSE), D, "a close of no calendar day"),
     (Msg(close(trade_date=20261123), TYPE_CLOSE), D, "a date as a number"),
     (Msg(close(note="x"), TYPE_CLOSE), X, "a close marker with an extra field"),
+    # The amended close (design.md): "amended": k >= 1, an integer.
+    (Msg(close(amended=1, last_seq=127), TYPE_CLOSE), X, "an amended close marker"),
+    (Msg(close(amended=1, last_seq=127), TYPE_CLOSE), X, "an amended close marker's replay"),
+    (Msg(close(amended=1, last_seq=128), TYPE_CLOSE), X, "a conflicting amended close marker"),
+    (Msg(close(amended=3, last_seq=129), TYPE_CLOSE), X, "an amended close out of order"),
+    (Msg(close(amended=2, last_seq=1), TYPE_CLOSE), X, "an amended close going back"),
+    (Msg(close(amended=2, last_seq=130), TYPE_CLOSE), X, "the second amended close"),
+    (Msg(close(amended=0), TYPE_CLOSE), D, "amended 0"),
+    (Msg(close(amended=-1), TYPE_CLOSE), D, "a negative amended"),
+    (Msg(close(amended="1"), TYPE_CLOSE), D, "amended as a string"),
+    (Msg(close(amended=True), TYPE_CLOSE), D, "amended as a boolean"),
+    (Msg(close(amended=1.0), TYPE_CLOSE), D, "amended as a float"),
+    (Msg(close(amended=None), TYPE_CLOSE), D, "a null amended"),
+    (Msg(close(amended=2**31), TYPE_CLOSE), D, "amended past its maximum"),
     (Msg(close() + b"{}", TYPE_CLOSE), D, "a close marker with trailing bytes"),
     (Msg(obj_text([*tokens(CLOSE_GOOD), ("last_seq", "5")]).encode(), TYPE_CLOSE), D,
      "a close marker repeating a key"),

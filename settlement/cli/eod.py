@@ -13,7 +13,7 @@ from settlement.cli.common import (
     progress,
     require_services,
 )
-from settlement.config import Settings
+from settlement.config import ConfigError, Settings
 
 
 def register(sub: Subparsers) -> None:
@@ -32,6 +32,11 @@ def register(sub: Subparsers) -> None:
                          "date since its close markers (what a scheduled close does; "
                          "default: settle again). A close of the date in progress is "
                          "joined either way")
+    sp.add_argument("--reclose", action="store_true",
+                    help="settle a published day again with the post-close amendments its "
+                         "amended close markers brought (settle status lists the days "
+                         "awaiting one), publishing it as the day's next version; without "
+                         "any it says so and does nothing (default: a plain close)")
 
     sp = add_command(sub, "validate", "Great Expectations checks of one trade date (no "
                                       "settlement)", cmd_validate)
@@ -44,8 +49,14 @@ def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.close.pipeline import run_eod
 
     require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
+    if args.reclose and args.only_if_unsettled:
+        raise ConfigError("--reclose settles a settled day again: it cannot be combined "
+                           "with --only-if-unsettled")
     out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete,
-                  progress=progress(args), only_if_unsettled=args.only_if_unsettled)
+                  progress=progress(args), only_if_unsettled=args.only_if_unsettled,
+                  reclose=args.reclose)
+    if out.get("nothing_to_reclose"):
+        return out
     if "joined_run_id" in out:
         if out["status"] != "succeeded":
             raise CommandFailed(f"the close this one joined failed: {out['publication']}", out)

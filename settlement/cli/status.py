@@ -80,10 +80,19 @@ def _print_status(out: dict[str, Any]) -> None:
     for r in out["settlement"].get("runs", []):
         verdict = {True: "[green]passed[/]", False: "[red]failed[/]", None: "-"}[
             r["validation_success"]]
+        published = "yes" if r["published"] else "no"
+        if r.get("amended_since"):
+            published += f" [yellow](amended since {r['amended_since']})[/]"
         runs.add_row(r["trade_date"], str(r.get("settlement_date") or "-"), str(r["run_id"]),
-                     r["source"], r["status"], verdict,
-                     "yes" if r["published"] else "no", str(r["finished_at"] or ""),
-                     str(r["report_path"] or ""))
+                     r["source"], r["status"], verdict, published,
+                     str(r["finished_at"] or ""), str(r["report_path"] or ""))
+    reclose = Table(title="days awaiting a re-close (post-close amendments not yet settled: "
+                          "settle eod --date D --reclose)", title_justify="left")
+    for col in ("date", "amendments", "since", "published run", "version"):
+        reclose.add_column(col)
+    for a in out["settlement"].get("awaiting_reclose", []):
+        reclose.add_row(a["trade_date"], str(a["amendments"]), a["since"],
+                        str(a["published_run"]), str(a["version"] or "-"))
     closes = Table(title="closes in progress (one per date, across sites)",
                    title_justify="left")
     for col in ("date", "run", "holder", "since", "lease"):
@@ -98,7 +107,7 @@ def _print_status(out: dict[str, Any]) -> None:
     for a in out["settlement"].get("abandoned", []):
         abandoned.add_row(str(a["run_id"]), a["trade_date"], str(a["holder"] or "-"), a["at"],
                           str(a["reason"] or ""))
-    for t in (sites, parts, days, runs, closes, abandoned):
+    for t in (sites, parts, days, runs, reclose, closes, abandoned):
         console.print(t)
     if "open_fails" in out["settlement"]:
         fails = out["settlement"]["open_fails"]

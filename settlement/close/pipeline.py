@@ -33,6 +33,7 @@ from settlement.eod.sources import choose_source, with_reason
 from settlement.errors import redact
 from settlement.instructions import write_files
 from settlement.instructions.calendar import CalendarError, settlement_date
+from settlement.status import awaiting_reclose
 
 if TYPE_CHECKING:
     from settlement.validation.run import ValidationOutcome
@@ -50,7 +51,8 @@ def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
         row = conn.execute(q("eod", "start_run"), {
             "trade_date": trade_date, "source": choice.source, "source_reason": choice.reason,
             "offsets": json.dumps({**choice.as_dict(),
-                                   "marker_offsets": choice.marker_offsets()}),
+                                   "marker_offsets": choice.marker_offsets(),
+                                   "amended_closes": choice.amended_closes()}),
             "holder": None if lease is None else lease.holder,
             "token": None if lease is None else lease.token,
             "settlement_date": settles_on,
@@ -130,6 +132,76 @@ class Superseded(Exception):
         self.newer_run = newer_run
 
 
+def run_version(settings: Settings, run_id: int) -> int | None:
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "run_version"), {"run_id": run_id}).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def delta_size(settings: Settings, run_id: int, trade_date: str) -> dict[str, Any]:
+    """How far a run's positions are from the published day's: what an operator approves."""
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "delta_size"),
+                           {"run_id": run_id, "trade_date": trade_date}).fetchone()
+    assert row is not None
+    return {"positions": int(row[0]), "accounts": int(row[1]), "quantity_moved": int(row[2]),
+            "cash_moved": str(row[3])}
+
+
+class NotHeld(Exception):
+    """The run named is not a validated, unpublished run of the date."""
+
+
+def publish_held(settings: Settings, run_id: int, trade_date: str,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Publish a run that was computed, validated and held for approval, as the date's next
+    version, under the date's lease (a close of the date in progress is waited for, and a
+    run started after this one that already published wins: ``Superseded``); then its
+    settlement instructions. Returns the version and the instructions."""
+    settings = settings.for_component("settlement")
+    say = progress or (lambda _step: None)
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "held_run"),
+                           {"run_id": run_id, "trade_date": trade_date}).fetchone()
+    if row is None or row[0] != "succeeded" or row[1] is not True or row[2]:
+        raise NotHeld(f"run {run_id} is not a validated, unpublished run of {trade_date} "
+                      f"(status, validation, published: {row}); compute it again")
+    got = acquire(settings, trade_date, ttl=settings.close_lease_seconds,
+                  wait_seconds=settings.close_wait_seconds, say=say)
+    if isinstance(got, Joined):
+        # The close that held the date has finished (a joined wait returns then): this run
+        # is still the one approved, so take the lease for it now.
+        got = acquire(settings, trade_date, ttl=settings.close_lease_seconds,
+                      wait_seconds=settings.close_wait_seconds, say=say)
+        if isinstance(got, Joined):
+            raise RuntimeError(f"another close of {trade_date} holds its lease; publish "
+                               f"run {run_id} again once it has finished")
+    try:
+        publish(settings, run_id, trade_date, None, got)
+        timings: dict[str, float] = {}
+        pub = Publication(True, None, "approved by an operator: published")
+        sent, sent_error = _instructions(settings, trade_date, pub, timings, say)
+    finally:
+        got.release()
+    version = run_version(settings, run_id)
+    say(f"run {run_id} published as version {version} of {trade_date}")
+    return {"run_id": run_id, "trade_date": trade_date, "published": True, "version": version,
+            "instructions": sent, "instructions_error": sent_error}
+
+
+def record_decision(settings: Settings, run_id: int, trade_date: str, decision: str,
+                    decided_by: str, delta: dict[str, Any], outcome: str) -> int:
+    """An operator's approval or rejection of a held re-close, in the audit trail."""
+    with connect(settings.for_component("settlement").settlement_dsn) as conn:
+        row = conn.execute(q("eod", "record_decision"), {
+            "run_id": run_id, "trade_date": trade_date, "decision": decision,
+            "decided_by": decided_by, "delta": json.dumps(delta), "outcome": outcome,
+        }).fetchone()
+        conn.commit()
+    assert row is not None
+    return int(row[0])
+
+
 def published_run(settings: Settings, trade_date: str) -> int | None:
     with connect(settings.settlement_dsn) as conn:
         row = conn.execute(q("eod", "published_run"), {"trade_date": trade_date}).fetchone()
@@ -168,7 +240,8 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             validate: bool = True, reason: str | None = None,
             accept_incomplete: str | None = None,
             progress: Callable[[str], None] | None = None,
-            only_if_unsettled: bool = False) -> dict[str, Any]:
+            only_if_unsettled: bool = False, reclose: bool = False,
+            hold: bool = False) -> dict[str, Any]:
     """Close one date: take the date's lease (or join the close holding it), stage the
     results, validate them, publish only if validation passed (or ``accept_incomplete``
     gives the operator's reason to publish anyway), report.
@@ -178,6 +251,11 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
     ``progress`` is told each step as it starts (the CLI prints it: a day takes minutes).
     ``only_if_unsettled`` (scheduled closes): a date a passing run already published since
     its close markers is reported as ``already_settled_by`` that run, not settled again.
+    ``reclose``: settle a published day again with the post-close amendments its amended
+    closes brought (``settle eod --reclose``); without any awaiting it does nothing and says
+    so (``nothing_to_reclose``). Under the date's lease, like any close: one in progress is
+    joined. ``hold``: a validated result is kept for an operator's approval instead of being
+    published (``publish_held`` publishes it; the eod_reclose DAG).
     """
     if accept_incomplete is not None and not accept_incomplete.strip():
         raise ValueError("--accept-incomplete needs the reason the day is published anyway")
@@ -191,6 +269,20 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         for run in got.abandoned:
             say(f"run {run} of {trade_date} was left running by a close that stopped: "
                 "recorded abandoned; this close takes over")
+        pending = None
+        if reclose:
+            # Asked under the lease: a re-close that finished meanwhile has settled them.
+            pending = awaiting_reclose(settings, trade_date)
+            if not pending:
+                note = (f"{trade_date}: no post-close amendments await a re-close (no amended "
+                        "close since the published run): nothing to do")
+                say(note)
+                return {"trade_date": trade_date, "reclose": True, "nothing_to_reclose": True,
+                        "pending_amendments": 0, "published": False, "publication": note,
+                        "abandoned_runs": got.abandoned}
+            say(f"{trade_date}: re-closing with {pending[0].amendments} post-close "
+                f"amendment(s) since {pending[0].since} (published run "
+                f"{pending[0].published_run}, version {pending[0].version})")
         done = settled_by(settings, trade_date, say) if only_if_unsettled else None
         if done is not None:
             say(f"{trade_date}: already settled by run {done} (published after the day's "
@@ -198,7 +290,10 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             return {**latest_run(settings, trade_date, done), "already_settled_by": done,
                     "abandoned_runs": got.abandoned}
         out = _close(settings, trade_date, got, source, validate, reason, accept_incomplete,
-                     say)
+                     say, hold)
+        if pending:
+            out["reclose"] = True
+            out["reclosed"] = pending[0].as_dict()
         if got.abandoned:
             out["abandoned_runs"] = got.abandoned
         return out
@@ -238,7 +333,7 @@ def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: 
 
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
-           say: Callable[[str], None]) -> dict[str, Any]:
+           say: Callable[[str], None], hold: bool = False) -> dict[str, Any]:
     from settlement.spark.session import start_session, then_warm_python
 
     t0 = time.perf_counter()
@@ -309,6 +404,9 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                 settings, spark, trade_date, choice, read, settled.trades, result.positions,
                 ahead, final=settled.final, docs_in_background=True))
         pub = decide_publication(outcome, accept_incomplete)
+        if hold and pub.published:
+            pub = Publication(False, None, "validation passed: held for an operator's approval "
+                              "(not published yet)", held=True)
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
         if pub.published:
             try:
@@ -338,10 +436,14 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
         summary.update(result.summary())
         summary.update({"published": pub.published, "publication": pub.note,
-                        "accepted_incomplete": pub.accepted_incomplete})
+                        "accepted_incomplete": pub.accepted_incomplete,
+                        "version": run_version(settings, run_id) if pub.published else None})
+        if pub.held:
+            summary["held_for_approval"] = True
+            summary["delta"] = delta_size(settings, run_id, trade_date)
         # A superseded run did its work correctly: a newer run of the date simply won.
         status = ("failed" if outcome is not None and not pub.published
-                  and pub.superseded_by is None else "succeeded")
+                  and pub.superseded_by is None and not pub.held else "succeeded")
         error = None if status == "succeeded" else pub.note
         for key, why in (("instructions_error", sent_error), ("report_error", report_error)):
             if why is not None:

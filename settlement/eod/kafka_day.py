@@ -43,6 +43,7 @@ class Dated:
     day: str
     kind: str  # "trade" | "close"
     seq: int | None  # a trade's seq, a close marker's last_seq
+    amended: int = 0  # an amended close marker's k (0: the day's close itself)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def _dated(m: Any, partition: int, max_bytes: int) -> Dated | None:
         kind = message_type(m.headers())
         if kind == CLOSE:
             cm = close_marker(obj, partition)
-            return Dated(m.offset(), cm.trade_date, CLOSE, cm.last_seq)
+            return Dated(m.offset(), cm.trade_date, CLOSE, cm.last_seq, cm.amended)
         if kind != TRADE:
             return None
         trade_copy_line(obj, partition, m.offset(), "probe")
@@ -173,7 +174,10 @@ def _day_start(log: PartitionLog, low: int, day: str) -> int:
     reaches ``day``; the log start when the log begins with ``day``."""
     approx = log.first_offset(low, lambda d: d >= day)
     lo = max(low, approx - 2 * LOOKAHEAD)
-    before = _closes(log.scan(lo, approx + 2 * LOOKAHEAD), lambda d: d < day)
+    # An earlier day's amended close can sit among this day's trades: only a close itself
+    # marks where a day ended.
+    before = [d for d in _closes(log.scan(lo, approx + 2 * LOOKAHEAD), lambda d: d < day)
+              if not d.amended]
     if before:
         return before[-1].offset + 1
     if lo == low:

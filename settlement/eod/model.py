@@ -118,8 +118,18 @@ class PartitionStats(NamedTuple):
 
 
 class MarkerAt(NamedTuple):
+    """A day's close on one partition as a ledger holds it: after an amended close, its
+    latest amended close marker (last_seq covering the post-close amendments), else the
+    close marker itself."""
+
     last_seq: int
-    offset: int  # Kafka offset of the close marker
+    offset: int  # Kafka offset of that marker: where the day's messages end
+    amended: int = 0  # k of the latest amended close (0: none)
+    closed_at: int = -1  # Kafka offset of the day's close marker itself
+
+    @property
+    def close_offset(self) -> int:
+        return self.closed_at if self.amended else self.offset
 
 
 class DataLoss(NamedTuple):
@@ -215,7 +225,19 @@ class SourceChoice:
         out: dict[str, int] = {}
         for st in self.states.values():
             for p, m in st.markers.items():
-                out[str(p)] = max(out.get(str(p), -1), m.offset)
+                # The close itself: an amended close is settled by a re-close, which an
+                # operator starts (and approves), never by a scheduled close.
+                out[str(p)] = max(out.get(str(p), -1), m.close_offset)
+        return out
+
+    def amended_closes(self) -> dict[str, int]:
+        """partition (as text) -> the latest amended close over every reachable ledger (0:
+        none): which post-close amendments this run settles, recorded with it so that
+        `settle status` and a re-close can tell which came since."""
+        out: dict[str, int] = {}
+        for st in self.states.values():
+            for p, m in st.markers.items():
+                out[str(p)] = max(out.get(str(p), 0), m.amended)
         return out
 
     def ledgers_with_trades(self) -> tuple[str, ...]:
@@ -234,6 +256,9 @@ class Publication:
     accepted_incomplete: str | None  # the operator's reason when a failed day was forced
     note: str
     superseded_by: int | None = None  # a later run of the date had already published
+    # Validated and kept for an operator's approval (the eod_reclose DAG): not published yet,
+    # and not a failed run.
+    held: bool = False
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
     params = {"trade_date": trade_date}
     try:
         with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
-            markers = {int(p): MarkerAt(int(last), int(off))
-                       for p, last, off in conn.execute(q("eod", "close_markers"), params)}
+            markers = {int(p): MarkerAt(int(last), int(off), int(k), int(closed))
+                       for p, last, off, k, closed
+                       in conn.execute(q("eod", "close_markers"), params)}
             stats = {int(p): PartitionStats(int(n), int(distinct), int(mx), int(first),
                                             int(amended))
                      for p, n, distinct, mx, first, amended
@@ -158,7 +159,8 @@ def _kafka_close_markers(settings: Settings, trade_date: str, timeout: float,
     first_trade: dict[int, int] = {}
     for st in states.values():
         for p, m in st.markers.items():
-            recorded.setdefault(p, m.offset)
+            # The furthest: a ledger that holds an amended close ends the day there.
+            recorded[p] = max(recorded.get(p, -1), m.offset)
         for p, off in st.previous_markers.items():
             previous[p] = max(previous.get(p, -1), off)
         for p, stat in st.stats.items():

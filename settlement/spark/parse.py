@@ -187,8 +187,12 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     task in, ``CLASSIFIED_SCHEMA`` batches out. Runs on executors, so it imports the parser
     here (the ``--py-files`` zip carries ``consumers``)."""
     from consumers.parse import (
+        REPLAY,
         AmendedTrade,
+        Amendment,
+        KeptMarker,
         Malformed,
+        amended_marker_refusal,
         amendment,
         amendment_conflict_reason,
         amendment_fingerprint,
@@ -196,10 +200,12 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         apply_amendment,
         close_marker,
         conflict_reason,
+        covered,
         decode,
         fast_trade_values,
         fast_trades,
         fingerprint,
+        late_reason,
         marker_conflict_reason,
         trade_values,
     )
@@ -219,7 +225,58 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
     # trade id -> its state once amended, and each amendment identity -> its kept copy.
     amended_in: dict[int, dict[str, AmendedTrade]] = {}
     amends_in: dict[int, dict[tuple[str, str, int], int]] = {}
+    # The amended close (consumers.parse, as the sites keep it): per partition and date, the
+    # amended close markers kept; per partition, the amendments held since their day's close
+    # (the amendment, its offset, and where its verdict is written), in offset order. A
+    # batch holding one is yielded only at the end of the task, when its verdicts are final.
+    amended_closes: dict[int, dict[str, list[KeptMarker]]] = {}
+    held_in: dict[int, list[tuple[Amendment, int, list[str | None], list[bytes | None],
+                                  list[bool], int]]] = {}
+    held_batches: list[tuple[object, ...]] = []
     mask = (1 << 64) - 1
+
+    def late(partition: int, trade_date: str) -> str | None:
+        """The late reason of a message of ``trade_date`` when its day closed earlier on the
+        partition (in this task: the day's range, or a test's frame)."""
+        closed = closes_in.get(partition)
+        at = closed.get(trade_date) if closed else None
+        return None if at is None else late_reason(trade_date, partition, at[1])
+
+    def check_amendment(a: Amendment, p: int, offset: int) -> tuple[str | None, bool]:
+        """An amendment's verdict as the sites give it (the reason, or None, and whether it
+        is a replay); an accepted one updates its trade's state."""
+        ident = (a.trade_id, a.kind, a.version or 0)
+        fp = amendment_fingerprint(a) & mask
+        held_a = amends_in.setdefault(p, {}).get(ident)
+        if held_a is not None:
+            if held_a & mask != fp:
+                return amendment_conflict_reason(a, p, held_a >> 64), False
+            return None, True
+        state = amended_in.setdefault(p, {}).get(a.trade_id)
+        if state is None and a.trade_id in seen_in.get(p, {}):
+            state = AmendedTrade(other_dates.get(p, {}).get(a.trade_id, first_date[p]))
+        why = amendment_refusal(a, state)
+        if why is not None:
+            return why, False
+        apply_amendment(a, state)  # type: ignore[arg-type]
+        amended_in[p][a.trade_id] = state  # type: ignore[assignment]
+        amends_in[p][ident] = offset << 64 | fp
+        return None, False
+
+    def decide_held(p: int, trade_date: str, last_seq: int, marker_offset: int) -> None:
+        """An amended close marker kept: the held amendments of its day it covers are
+        decided, in offset order (the sites' consumers.ledger._decide_held)."""
+        rest = []
+        for h in held_in.get(p, []):
+            a, off, h_reasons, h_raws, h_dups, j = h
+            if a.trade_date != trade_date or not covered(a.seq, off, last_seq, marker_offset):
+                rest.append(h)
+                continue
+            why, dup = check_amendment(a, p, off)
+            h_reasons[j], h_dups[j] = why, dup
+            if why is None:
+                h_raws[j] = None
+        held_in[p] = rest
 
     def is_copy(t: tuple[str, str, int, str, str, int, str, str, str], partition: int,
                 offset: int) -> bool:
@@ -260,6 +317,7 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
             # a poll (consumers.parse.fast_trades, each value's verdict that of fast_trade);
             # what is left per message is keeping each trade's first copy.
             plain = fast_trades(values, max_bytes) if kind_bytes.count(_TRADE_B) == n else None
+            holds = False  # the batch holds an amendment an amended close may yet decide
             for i in range(n if plain is None else 0):
                 kb = kind_bytes[i]
                 kind = (TRADE if kb == _TRADE_B else CLOSE if kb == _CLOSE_B else CANCEL
@@ -272,53 +330,70 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         obj = decode(values[i], max_bytes)
                     if kind == TRADE:
                         t = t or trade_values(obj)
+                        why_late = late(partitions[i], t[1])  # type: ignore[arg-type]
+                        if why_late is not None:
+                            raise Malformed(why_late)
                         dups[i] = is_copy(t, partitions[i], offsets[i])
                         trades[i] = t
                     elif kind == CLOSE:
-                        cm = close_marker(obj, partitions[i])
-                        held = closes_in.setdefault(partitions[i], {}).setdefault(
-                            cm.trade_date, (cm.last_seq, offsets[i]))
-                        if held[0] != cm.last_seq:
-                            raise Malformed(marker_conflict_reason(
-                                cm.trade_date, cm.partition, cm.last_seq, held[0], held[1]))
+                        p = partitions[i]
+                        cm = close_marker(obj, p)
+                        if cm.amended:
+                            kept = amended_closes.setdefault(p, {}).setdefault(cm.trade_date, [])
+                            why = amended_marker_refusal(
+                                cm, offsets[i], closes_in.get(p, {}).get(cm.trade_date), kept)
+                            if why is None:
+                                kept.append(KeptMarker(cm.amended, cm.last_seq, offsets[i]))
+                                decide_held(p, cm.trade_date, cm.last_seq, offsets[i])
+                            elif why != REPLAY:
+                                raise Malformed(why)
+                        else:
+                            held = closes_in.setdefault(p, {}).setdefault(
+                                cm.trade_date, (cm.last_seq, offsets[i]))
+                            if held[0] != cm.last_seq:
+                                raise Malformed(marker_conflict_reason(
+                                    cm.trade_date, cm.partition, cm.last_seq, held[0],
+                                    held[1]))
                         close_dates[i], last_seqs[i] = cm.trade_date, cm.last_seq
                     elif kind in AMENDMENTS:
                         a = amendment(obj, kind)
                         p = partitions[i]
-                        ident = (a.trade_id, a.kind, a.version or 0)
-                        fp = amendment_fingerprint(a) & mask
-                        held_a = amends_in.setdefault(p, {}).get(ident)
-                        if held_a is not None:
-                            if held_a & mask != fp:
-                                raise Malformed(amendment_conflict_reason(a, p, held_a >> 64))
-                            dups[i] = True
-                        else:
-                            state = amended_in.setdefault(p, {}).get(a.trade_id)
-                            if state is None and a.trade_id in seen_in.get(p, {}):
-                                state = AmendedTrade(other_dates.get(p, {}).get(
-                                    a.trade_id, first_date[p]))
-                            why = amendment_refusal(a, state)
-                            if why is not None:
-                                raise Malformed(why)
-                            apply_amendment(a, state)  # type: ignore[arg-type]
-                            amended_in[p][a.trade_id] = state  # type: ignore[assignment]
-                            amends_in[p][ident] = offsets[i] << 64 | fp
                         trades[i] = (a.values if a.values is not None
                                      else (a.trade_id, a.trade_date, a.seq, *_NO_TRADE[3:]))
                         versions[i], notes[i] = a.version, a.reason
+                        why_late = late(p, a.trade_date)
+                        if why_late is not None:
+                            # Held: a late dead letter unless an amended close marker
+                            # behind it covers it (decide_held).
+                            reasons[i], raws[i] = why_late, values[i]
+                            held_in.setdefault(p, []).append(
+                                (a, offsets[i], reasons, raws, dups, i))
+                            holds = True
+                            continue
+                        why, dups[i] = check_amendment(a, p, offsets[i])
+                        if why is not None:
+                            raise Malformed(why)
                     else:
                         raise Malformed(f"unknown message type {kind!r}")
                 except Malformed as e:
                     reasons[i], raws[i] = str(e), values[i]
             for i, t in enumerate(plain or ()):
                 try:
+                    if closes_in and (why_late := late(partitions[i], t[1])) is not None:
+                        raise Malformed(why_late)
                     dups[i] = is_copy(t, partitions[i], offsets[i])
                 except Malformed as e:
                     reasons[i], raws[i] = str(e), values[i]
                     continue
                 trades[i] = t
-            yield _output(batch, partitions, kinds, reasons, raws, trades, close_dates,
-                          last_seqs, dups, versions, notes)
+            out = (batch, partitions, kinds, reasons, raws, trades, close_dates, last_seqs,
+                   dups, versions, notes)
+            if holds:
+                held_batches.append(out)
+            else:
+                yield _output(*out)  # type: ignore[arg-type]
+        for out in held_batches:  # every verdict is final once the task's input is read
+            yield _output(*out)  # type: ignore[arg-type]
 
 
 def _output(batch: pa.RecordBatch, partitions: list[int], kinds: list[str],

@@ -1,8 +1,16 @@
 -- Named statements of the end of day (settlement/eod/sources.py, settlement/eod/pipeline.py).
 
 -- name: close_markers
-select kafka_partition, last_seq, kafka_offset from close_markers
-where trade_date = %(trade_date)s
+-- Each partition's close of the day: its latest amended close marker where there is one (its
+-- last_seq covers the post-close amendments, its offset ends the day's messages), with the
+-- close marker's own offset.
+select m.kafka_partition, greatest(m.last_seq, coalesce(a.last_seq, 0)),
+       coalesce(a.kafka_offset, m.kafka_offset), coalesce(a.amended, 0), m.kafka_offset
+from close_markers m
+left join lateral (select amended, last_seq, kafka_offset from amended_close_markers x
+                   where x.trade_date = m.trade_date and x.kafka_partition = m.kafka_partition
+                   order by amended desc limit 1) a on true
+where m.trade_date = %(trade_date)s
 
 -- name: previous_close_markers
 -- Where each partition's previous trading day ended: the day starts right after it.
@@ -122,3 +130,30 @@ select pg_advisory_xact_lock(hashtextextended('publish ' || %(trade_date)s::text
 select kafka_partition, max(kafka_offset) from close_markers
 where trade_date = %(trade_date)s
 group by kafka_partition
+
+-- name: run_version
+select version from settlement_runs where run_id = %(run_id)s
+
+-- name: delta_size
+-- How far a run's positions are from the published day's (the delta an operator approves):
+-- the (account, symbol) lines that change, the accounts they touch, and the quantities and
+-- cash moved (sums of absolute changes).
+select count(*), count(distinct coalesce(n.account, o.account)),
+       coalesce(sum(abs(coalesce(n.net_qty, 0) - coalesce(o.net_qty, 0))), 0),
+       coalesce(sum(abs(coalesce(n.net_cash, 0) - coalesce(o.net_cash, 0))), 0)
+from (select account, symbol, net_qty, net_cash from run_positions where run_id = %(run_id)s) n
+full join (select account, symbol, net_qty, net_cash from positions
+           where trade_date = %(trade_date)s) o
+  on o.account = n.account and o.symbol = n.symbol
+where coalesce(n.net_qty, 0) <> coalesce(o.net_qty, 0)
+   or coalesce(n.net_cash, 0) <> coalesce(o.net_cash, 0)
+
+-- name: held_run
+-- A run kept for approval: of this date, finished, validated, not published.
+select status, validation_success, published_at is not null from settlement_runs
+where run_id = %(run_id)s and trade_date = %(trade_date)s
+
+-- name: record_decision
+insert into reclose_decisions (run_id, trade_date, decision, decided_by, delta, outcome)
+values (%(run_id)s, %(trade_date)s, %(decision)s, %(decided_by)s, %(delta)s, %(outcome)s)
+returning decision_id

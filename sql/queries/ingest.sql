@@ -181,7 +181,40 @@ where trade_id = %(trade_id)s and kind = %(kind)s and coalesce(version, 0) = %(v
 -- name: insert_amendment
 insert into trade_amendments (trade_id, trade_date, seq, kafka_partition, kafka_offset, kind,
                               version, reason, symbol, price, quantity, buyer, seller,
-                              executed_at, site)
+                              executed_at, site, amended)
 values (%(trade_id)s, %(trade_date)s, %(seq)s, %(partition)s, %(offset)s, %(kind)s,
         %(version)s, %(reason)s, %(symbol)s, %(price)s, %(quantity)s, %(buyer)s, %(seller)s,
-        %(executed_at)s, %(site)s)
+        %(executed_at)s, %(site)s, %(amended)s)
+
+-- name: amended_markers
+-- The amended close markers kept for a day's partition, in order (consumers.parse
+-- amended_marker_refusal).
+select amended, last_seq, kafka_offset from amended_close_markers
+where trade_date = %(trade_date)s and kafka_partition = %(partition)s
+order by amended
+
+-- name: insert_amended_marker
+insert into amended_close_markers (trade_date, kafka_partition, amended, last_seq,
+                                   kafka_offset, site)
+values (%(trade_date)s, %(partition)s, %(amended)s, %(last_seq)s, %(offset)s, %(site)s)
+
+-- name: hold_late_amendment
+-- A cancel or correction after its day's close: held until an amended close decides it.
+insert into late_amendments (topic, kafka_partition, kafka_offset, trade_date, kind, seq, raw,
+                             site)
+values (%(topic)s, %(partition)s, %(offset)s, %(trade_date)s, %(kind)s, %(seq)s, %(raw)s,
+        %(site)s)
+on conflict do nothing
+
+-- name: held_amendments
+-- What an amended close marker may decide: the day's held amendments on its partition before
+-- it, not yet decided, in offset order.
+select kafka_offset, kind, seq, raw from late_amendments
+where topic = %(topic)s and trade_date = %(trade_date)s and kafka_partition = %(partition)s
+  and kafka_offset < %(offset)s and amended is null
+order by kafka_offset
+
+-- name: decide_late_amendment
+update late_amendments set amended = %(amended)s, verdict = %(verdict)s
+where topic = %(topic)s and kafka_partition = %(partition)s and kafka_offset = %(offset)s
+  and amended is null

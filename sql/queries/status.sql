@@ -26,3 +26,21 @@ from (select distinct on (trade_date) * from settlement_runs
 left join published_days p on p.trade_date = r.trade_date
 order by r.trade_date desc
 limit %(days)s
+
+-- name: amended_closes
+-- A ledger's amended close markers (all dates, or one) with the post-close amendments each
+-- made stored, and when each marker arrived (settlement.status.awaiting_reclose).
+select m.trade_date, m.kafka_partition, m.amended, m.ingested_at,
+       (select count(*) from trade_amendments t
+        where t.trade_date = m.trade_date and t.kafka_partition = m.kafka_partition
+          and t.amended = m.amended)
+from amended_close_markers m
+where %(trade_date)s::date is null or m.trade_date = %(trade_date)s
+
+-- name: published_amended_closes
+-- Each published day's run, its version, and the amended closes it settled (recorded by
+-- start_run from the ledgers the run was chosen against).
+select p.trade_date, r.run_id, r.version, r.offsets -> 'amended_closes'
+from published_days p
+join settlement_runs r on r.run_id = p.run_id
+where %(trade_date)s::date is null or p.trade_date = %(trade_date)s

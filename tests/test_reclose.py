@@ -1,0 +1,218 @@
+"""Busts after the close (issue 45): an amended close read from Kafka and from the ledger
+gives the same verdict; a re-close from either source equals an independent reference and is
+published as the day's next version (the earlier one still readable); the instructions'
+delta is exactly the difference; a re-close joins a close of the date in progress; the
+eod_reclose DAG publishes only what an operator approved and records the decision."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from settlement.close.pipeline import run_eod
+from settlement.config import Settings
+from settlement.contract import CLOSE_HEADERS
+from settlement.db import connect
+from settlement.eod.lease import Lease, acquire
+from settlement.instructions.store import delta_set
+from settlement.simulator.gateway import (
+    Amend,
+    DayGenerator,
+    SimulationSpec,
+    Trade,
+    final_trades,
+    producer_config,
+    simulate,
+)
+from settlement.status import awaiting_reclose
+from tests.conftest import Isolated
+from tests.helpers import positions_table, start_site, wait_exit
+from tests.spark_fixtures import spark  # noqa: F401
+
+DAY, NEXT = "2026-11-23", "2026-11-24"
+SPEC = SimulationSpec(DAY, 1200, seed=45, cancel_rate=0.01, correct_rate=0.01)
+NEXT_SPEC = SimulationSpec(NEXT, 300, seed=46)
+Positions = dict[tuple[str, str], tuple[Any, ...]]
+
+
+def _sites_until_close(iso: Isolated, day: str, tmp: Path) -> None:
+    for site in ("a", "b"):
+        log = tmp / f"{site}-{day}.log"
+        assert wait_exit(start_site(site, "separate", iso.env, day, log), log)["closed"]
+
+
+def _last_seqs(s: Settings, day: str) -> dict[int, int]:
+    with connect(s.ledger_dsn("a")) as conn:
+        return {int(p): int(n) for p, n in conn.execute(
+            "select kafka_partition, last_seq from close_markers where trade_date = %s",
+            (day,))}
+
+
+def _busts(events: list[Trade | Amend], last: dict[int, int]) -> tuple[list[Amend], Amend]:
+    """A cancel and a correction on two partitions (covered by amended closes), and a cancel
+    on a third that no amended close follows (it stays a late dead letter)."""
+    final = {t.trade_id: t for t in final_trades(iter(events))}
+    picked: dict[int, Trade] = {}
+    for t in final.values():
+        picked.setdefault(t.partition, t)
+    p1, p2, p3 = sorted(picked)[:3]
+    covered = [Amend("cancel", picked[p1], last[p1] + 1),
+               Amend("correct", picked[p2], last[p2] + 1, version=9,
+                     quantity=picked[p2].quantity + 7)]
+    return covered, Amend("cancel", picked[p3], last[p3] + 1)
+
+
+def _send_after_close(s: Settings, covered: list[Amend], uncovered: Amend) -> None:
+    prod = Producer(producer_config(s, None))
+    for a in [*covered, uncovered]:
+        prod.produce(s.topic, value=a.value(), key=a.symbol.encode(), partition=a.partition,
+                     headers=a.headers)
+    for a in covered:  # each partition's first amended close, its last_seq covering the bust
+        marker = {"trade_date": DAY, "partition": a.partition, "last_seq": a.seq, "amended": 1}
+        prod.produce(s.topic, value=json.dumps(marker).encode(), partition=a.partition,
+                     headers=CLOSE_HEADERS)
+    assert prod.flush(30) == 0
+
+
+def _reference(events: list[Trade | Amend]) -> Positions:
+    """Netting in plain Python with Decimal from the generator's trades in their final states
+    (the day's own busts and the post-close ones applied by the simulator's final_trades)."""
+    acc: dict[tuple[str, str], list[Any]] = defaultdict(
+        lambda: [0, 0, Decimal(0), Decimal(0), 0])
+    for t in final_trades(iter(events)):
+        amount = t.price * t.quantity
+        b, sl = acc[(t.buyer, t.symbol)], acc[(t.seller, t.symbol)]
+        b[0] += t.quantity
+        b[2] += amount
+        b[4] += 1
+        sl[1] += t.quantity
+        sl[3] += amount
+        sl[4] += 1
+    return {k: (v[0], v[1], v[0] - v[1], v[2], v[3], v[3] - v[2], v[4]) for k, v in acc.items()}
+
+
+def _version_positions(s: Settings, version: int) -> dict[tuple[str, str], tuple[int, Decimal]]:
+    with connect(s.settlement_dsn) as conn:
+        return {(a, sym): (int(q), Decimal(c)) for a, sym, q, c in conn.execute(
+            "select account, symbol, net_qty, net_cash from positions_by_version "
+            "where trade_date = %s and version = %s", (DAY, version))}
+
+
+@pytest.fixture
+def amended_day(isolated: Isolated, tmp_path: Path) -> dict[str, Any]:
+    """DAY published (version 1), then busts after its close with amended closes, consumed by
+    both sites while they ingest NEXT."""
+    s = isolated.settings
+    simulate(s, SPEC)
+    _sites_until_close(isolated, DAY, tmp_path)
+    first = run_eod(s, DAY, source="kafka")
+    assert first["published"] and first["version"] == 1, first
+    events = list(DayGenerator(SPEC, 6).events())
+    covered, uncovered = _busts(events, _last_seqs(s, DAY))
+    _send_after_close(s, covered, uncovered)
+    simulate(s, NEXT_SPEC)
+    _sites_until_close(isolated, NEXT, tmp_path)
+    return {"events": events, "covered": covered, "uncovered": uncovered,
+            "v1": positions_table(s.settlement_dsn, DAY)}
+
+
+@pytest.mark.services
+def test_a_reclose_from_kafka_and_from_the_ledger_settles_the_busts(
+        isolated: Isolated, amended_day: dict[str, Any]) -> None:
+    s = isolated.settings
+    covered, uncovered = amended_day["covered"], amended_day["uncovered"]
+    # Both sites stored the covered busts as post-close amendments; the other is late.
+    for ledger in ("a", "b"):
+        with connect(s.ledger_dsn(ledger)) as conn:
+            assert conn.execute("select kind, amended from trade_amendments where amended "
+                                "is not null order by kind").fetchall() == [
+                ("cancel", 1), ("correct", 1)]
+            late = conn.execute("select verdict from late_amendments where trade_date = %s "
+                                "order by kafka_partition", (DAY,)).fetchall()
+            assert sorted(v for (v,) in late if v) == ["stored", "stored"]
+            assert conn.execute(
+                "select reason from dead_letters where kafka_partition = %s and raw = %s",
+                (uncovered.partition, uncovered.value())).fetchone()[0].startswith("late: ")
+    waiting = awaiting_reclose(s, DAY)
+    assert [(w.trade_date, w.amendments, w.version) for w in waiting] == [(DAY, 2, 1)]
+    # The published day stands until a re-close: nothing changed.
+    assert positions_table(s.settlement_dsn, DAY) == amended_day["v1"]
+
+    reference = _reference([*amended_day["events"], *covered])
+    assert reference != amended_day["v1"]
+    # From the ledger, held (validated, not published): the same verdict and positions.
+    held = run_eod(s, DAY, source="db", reclose=True, hold=True)
+    assert held["validation_success"] is True, held["validation"]["failures"]
+    assert held["held_for_approval"] and not held["published"], held
+    assert held["reclosed"]["amendments"] == 2
+    with connect(s.settlement_dsn) as conn:
+        rows = conn.execute(
+            "select account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount, "
+            "net_cash, trade_count from run_positions where run_id = %s",
+            (held["run_id"],)).fetchall()
+    assert {(r[0], r[1]): tuple(r[2:]) for r in rows} == reference
+    # From Kafka, published as version 2.
+    out = run_eod(s, DAY, source="kafka", reclose=True)
+    assert out["source"] == "kafka" and out["validation_success"] is True, out
+    assert out["published"] and out["version"] == 2, out
+    assert positions_table(s.settlement_dsn, DAY) == reference
+    assert out["trades"] == held["trades"]
+    # Version 1 is still readable, as it was.
+    v1 = {k: (v[2], v[5]) for k, v in amended_day["v1"].items()}
+    assert _version_positions(s, 1) == v1
+    v2 = _version_positions(s, 2)
+    # The delta lists exactly the accounts and instruments that changed, by the change.
+    change = {k: (v2.get(k, (0, Decimal(0)))[0] - v1.get(k, (0, Decimal(0)))[0],
+                  v2.get(k, (0, Decimal(0)))[1] - v1.get(k, (0, Decimal(0)))[1])
+              for k in v1.keys() | v2.keys()}
+    change = {k: v for k, v in change.items() if v != (0, Decimal(0))}
+    delta = delta_set(s, DAY)
+    got: dict[tuple[str, str], list[Any]] = defaultdict(lambda: [0, Decimal(0)])
+    for line in delta.lines:
+        got[(line.account, line.symbol)][0] += line.signed_quantity
+        got[(line.account, line.symbol)][1] += line.signed_amount
+    assert {k: tuple(v) for k, v in got.items()} == change and change
+    # Settled: nothing awaits, and a second re-close does nothing.
+    assert awaiting_reclose(s, DAY) == []
+    again = run_eod(s, DAY, reclose=True)
+    assert again["nothing_to_reclose"] and not again["published"], again
+
+
+@pytest.mark.services
+def test_a_reclose_joins_the_close_of_the_date_in_progress(
+        isolated: Isolated, amended_day: dict[str, Any]) -> None:
+    s = isolated.settings.for_component("settlement")
+    lease = acquire(s, DAY, ttl=30, wait_seconds=5, say=print)
+    assert isinstance(lease, Lease), lease
+    with connect(isolated.settings.settlement_dsn) as conn:
+        run_id = conn.execute(
+            "insert into settlement_runs (trade_date, source, source_reason, status, holder, "
+            "fencing_token) values (%s, 'db', 'a close in progress (test)', 'running', %s, %s) "
+            "returning run_id", (DAY, lease.holder, lease.token)).fetchone()[0]
+        conn.commit()
+    lease.attach(run_id)
+    result: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: result.update(run_eod(isolated.settings, DAY,
+                                                              reclose=True)))
+    t.start()
+    time.sleep(3)
+    assert t.is_alive(), "the re-close did not wait for the close holding the date"
+    with connect(isolated.settings.settlement_dsn) as conn:
+        # It finishes with a verdict (a failed validation): the joiner reports it.
+        conn.execute("update settlement_runs set status = 'failed', error = 'test', "
+                     "validation_success = false, finished_at = now() where run_id = %s",
+                     (run_id,))
+        conn.commit()
+    lease.release()
+    t.join(300)
+    assert result.get("joined_run_id") == run_id, result
+    # It computed nothing of its own: still awaiting.
+    assert [w.amendments for w in awaiting_reclose(isolated.settings, DAY)] == [2]
