@@ -47,6 +47,7 @@ def dags() -> dict:
 NO_RETRY = {
     "eod_settlement.wait_for_close": "a sensor: its timeout is its retry budget",
     "failover_drill.run_drill": "a failed drill is a finding, not a flake to retry away",
+    "eod_reclose.approve": "an operator is asked once; no answer in time is a rejection",
 }
 
 

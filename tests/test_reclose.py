@@ -7,6 +7,9 @@ eod_reclose DAG publishes only what an operator approved and records the decisio
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -121,7 +124,7 @@ def amended_day(isolated: Isolated, tmp_path: Path) -> dict[str, Any]:
     simulate(s, NEXT_SPEC)
     _sites_until_close(isolated, NEXT, tmp_path)
     return {"events": events, "covered": covered, "uncovered": uncovered,
-            "v1": positions_table(s.settlement_dsn, DAY)}
+            "v1": positions_table(s.settlement_dsn, DAY), "run1": first["run_id"]}
 
 
 @pytest.mark.services
@@ -143,8 +146,23 @@ def test_a_reclose_from_kafka_and_from_the_ledger_settles_the_busts(
                 (uncovered.partition, uncovered.value())).fetchone()[0].startswith("late: ")
     waiting = awaiting_reclose(s, DAY)
     assert [(w.trade_date, w.amendments, w.version) for w in waiting] == [(DAY, 2, 1)]
-    # The published day stands until a re-close: nothing changed.
+    # settle status shows it, and marks the published run amended since.
+    from settlement.status import status
+
+    shown = status(s)["settlement"]
+    assert [(a["trade_date"], a["amendments"]) for a in shown["awaiting_reclose"]] == [(DAY, 2)]
+    assert {r["trade_date"]: r.get("amended_since") for r in shown["runs"]}[DAY] == \
+        waiting[0].since
+    # The published day stands until a re-close: nothing changed; its report page says the
+    # day has been amended since.
     assert positions_table(s.settlement_dsn, DAY) == amended_day["v1"]
+    from settlement.orchestration.reports_app import _facts, amended_since, render_report
+
+    since = amended_since(DAY, amended_day["run1"])
+    assert since is not None and since["amendments"] == 2
+    page = render_report({**_facts(s.settlement_dsn, amended_day["run1"]),
+                          "amended_since": since})
+    assert f'data-amended-since="{since["since"]}"' in page and "await a re-close" in page
 
     reference = _reference([*amended_day["events"], *covered])
     assert reference != amended_day["v1"]
@@ -182,6 +200,7 @@ def test_a_reclose_from_kafka_and_from_the_ledger_settles_the_busts(
     assert {k: tuple(v) for k, v in got.items()} == change and change
     # Settled: nothing awaits, and a second re-close does nothing.
     assert awaiting_reclose(s, DAY) == []
+    assert amended_since(DAY, amended_day["run1"]) is None
     again = run_eod(s, DAY, reclose=True)
     assert again["nothing_to_reclose"] and not again["published"], again
 
@@ -216,3 +235,67 @@ def test_a_reclose_joins_the_close_of_the_date_in_progress(
     assert result.get("joined_run_id") == run_id, result
     # It computed nothing of its own: still awaiting.
     assert [w.amendments for w in awaiting_reclose(isolated.settings, DAY)] == [2]
+
+
+# -- the eod_reclose DAG: approved in the UI ----------------------------------------------------
+def _run_reclose_dag(iso: Isolated, answer: str, monkeypatch: pytest.MonkeyPatch
+                     ) -> tuple[Any, dict[str, Any]]:
+    """One eod_reclose run (dag.test()) answered by an operator in another process."""
+    from settlement.orchestration.dagtest import without_deadlines
+    from settlement.orchestration.tasks import airflow_connections
+    from tests.test_dags import ROOT, _dagbag
+
+    for k, v in airflow_connections(iso.settings).items():
+        monkeypatch.setenv(k, v)
+    dag = without_deadlines(_dagbag(ROOT / "dags" / "eod_reclose.py").dags["eod_reclose"])
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "tests.hitl_responder", "eod_reclose", "approve", answer,
+         "ops-anna"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, text=True)
+    try:
+        run = dag.test(run_conf={"trade_date": DAY, "source": "db"})
+        out, _ = operator.communicate(timeout=60)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    assert operator.returncode == 0, "the operator never saw the approval"
+    return run, json.loads(out.strip().splitlines()[-1])
+
+
+def _decisions(s: Settings) -> list[tuple[Any, ...]]:
+    with connect(s.settlement_dsn) as conn:
+        return conn.execute("select run_id, decision, decided_by, delta, outcome "
+                            "from reclose_decisions order by decision_id").fetchall()
+
+
+@pytest.mark.services
+def test_the_reclose_dag_publishes_only_what_an_operator_approved(
+        isolated: Isolated, amended_day: dict[str, Any], airflow_db: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    s = isolated.settings
+    v1 = amended_day["v1"]
+    # Rejected: computed and validated, nothing published, the decision recorded.
+    run, seen = _run_reclose_dag(isolated, "Reject", monkeypatch)
+    assert str(run.state) == "success", run.state
+    assert seen["subject"] == f"Re-close {DAY}: publish the next version?"
+    (held, verdict, who, delta, outcome), = _decisions(s)
+    assert (verdict, who) == ("rejected", "ops-anna") and outcome.startswith("rejected")
+    # The operator saw the delta's size: exactly what publishing would change.
+    assert (f"{delta['positions']} position(s) of {delta['accounts']} account(s) change"
+            in seen["body"]) and delta["positions"] > 0
+    assert positions_table(s.settlement_dsn, DAY) == v1
+    with connect(s.settlement_dsn) as conn:
+        assert conn.execute("select status, validation_success, published_at, version from "
+                            "settlement_runs where run_id = %s", (held,)).fetchone() == (
+            "succeeded", True, None, None)
+    assert [w.amendments for w in awaiting_reclose(s, DAY)] == [2]
+    # Approved: published as version 2, its reference positions, the decision recorded.
+    run, seen = _run_reclose_dag(isolated, "Approve", monkeypatch)
+    assert str(run.state) == "success", run.state
+    decisions = _decisions(s)
+    assert [(d[1], d[2], d[4]) for d in decisions] == [
+        ("rejected", "ops-anna", outcome), ("approved", "ops-anna", "published as version 2")]
+    assert decisions[1][0] != held
+    reference = _reference([*amended_day["events"], *amended_day["covered"]])
+    assert positions_table(s.settlement_dsn, DAY) == reference
+    assert _version_positions(s, 1) == {k: (v[2], v[5]) for k, v in v1.items()}
+    assert awaiting_reclose(s, DAY) == []

@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 
 class SettlementSparkSubmitOperator(SparkSubmitOperator):
@@ -64,3 +65,16 @@ def secure_hook(hook: SparkSubmitHook, settings: Any, run_dir: Path) -> None:
     else:
         hook._env_vars = None  # nothing into arguments...
         hook._env = env  # ...the provider hands this to the spark-submit process
+
+
+class RecloseApproval(ApprovalOperator):
+    """Airflow's ApprovalOperator that also keeps the answer (the option chosen and who chose
+    it) as the XCom ``decision``. A rejection skips the tasks after it by ending the task
+    without a return value, and the decision must reach the audit trail either way."""
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        user = event.get("responded_by_user")
+        context["ti"].xcom_push(key="decision", value={
+            "chosen_options": list(event.get("chosen_options") or []),
+            "responded_by_user": dict(user) if user else None})
+        return super().execute_complete(context, event)

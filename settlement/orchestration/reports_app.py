@@ -185,7 +185,29 @@ def report_html(run_id: int) -> HTMLResponse:
         facts["settlement"] = {**facts["settlement"], "carried_out": carried_out(dsn, run_id),
                                "files": {"csv": f"{run_id}/instructions.csv",
                                          "iso20022": f"{run_id}/instructions.xml"}}
+    if isinstance(facts, dict):
+        amended = amended_since(str(facts.get("trade_date")), run_id)
+        if amended is not None:
+            facts["amended_since"] = amended
     return HTMLResponse(render_report(facts))
+
+
+def amended_since(trade_date: str, run_id: int) -> dict[str, Any] | None:
+    """When ``run_id`` is its date's published run and post-close amendments have come since
+    (the day awaits a re-close): how many and since when; the report was written before them."""
+    import psycopg
+
+    from settlement.config import load_settings
+    from settlement.status import awaiting_reclose
+
+    try:
+        waiting = awaiting_reclose(load_settings().for_component("auditor"), trade_date)
+    except (psycopg.Error, ValueError):
+        return None  # the page stands without the note
+    for w in waiting:
+        if w.published_run == run_id:
+            return w.as_dict()
+    return None
 
 
 @app.get("/runs/{run_id}/instructions.{fmt}")

@@ -203,6 +203,12 @@ def render_html(f: dict[str, Any]) -> str:
         f'<p data-publication="{"published" if f["publication"]["published"] else "held"}">'
         f'<b>{"Published" if f["publication"]["published"] else "Not published"}</b>: '
         f'{_e(f["publication"]["note"])}</p>',
+        *([f'<p class="amended" data-amended-since="{_e(f["amended_since"]["since"])}"><b>'
+           f'Amended since {_e(f["amended_since"]["since"])}</b>: '
+           f'{_e(f["amended_since"]["amendments"])} post-close amendment(s) of this day await '
+           "a re-close (settle eod --date D --reclose, or the eod_reclose DAG); this "
+           "published version stands until a re-close publishes the next.</p>"]
+          if isinstance(f.get("amended_since"), dict) else []),
         '<div class="kpis">' + "".join(
             f'<div class="kpi"><b data-kpi="{_e(k)}">{_e(val)}</b><span>{_e(k)}</span></div>'
             for k, val in kpis) + "</div>",
