@@ -7,7 +7,7 @@
 #
 #   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
 #
-# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver),
+# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver-a/-b),
 # localhost and 127.0.0.1, plus the extra SANs given (DNS:name or IP:address) for hosts
 # clients reach from elsewhere. Idempotent: what exists is kept (delete DIR to re-issue).
 #
@@ -99,9 +99,10 @@ for n in 1 2 3; do
   fi
 done
 # One certificate for both members of the settlement cluster (server, Patroni's REST API and
-# its etcd client login), one for the three etcd members (uid 998: deploy/local/etcd.Dockerfile).
-issue postgres 999 DNS:postgres-a DNS:postgres-b
+# its etcd client login) and each site's own server (postgres-site-a, -b), one for the three
+# etcd members (uid 998: deploy/local/etcd.Dockerfile).
+issue postgres 999 DNS:postgres-a DNS:postgres-b DNS:postgres-site-a DNS:postgres-site-b
 issue etcd 998 DNS:etcd-a DNS:etcd-b DNS:etcd-witness
-# Airflow's api-server: clients reach it as airflow-apiserver (compose's service name, the
-# execution API URL) or localhost / 127.0.0.1 (the published port).
-issue airflow 10001 DNS:airflow-apiserver
+# Each site's Airflow api-server: clients reach it as airflow-apiserver-a / -b (compose's
+# service names, each site's execution API URL) or localhost / 127.0.0.1 (the published ports).
+issue airflow 10001 DNS:airflow-apiserver-a DNS:airflow-apiserver-b DNS:airflow-apiserver

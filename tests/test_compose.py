@@ -311,9 +311,14 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
                              str(certs / "airflow.crt")], capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     sans = _sans(certs / "airflow.crt")
-    for name in ("DNS:airflow-apiserver", "DNS:localhost", "IP Address:127.0.0.1",
-                 "DNS:settle.example.com"):
+    for name in ("DNS:airflow-apiserver-a", "DNS:airflow-apiserver-b", "DNS:localhost",
+                 "IP Address:127.0.0.1", "DNS:settle.example.com"):
         assert name in sans, sans
+    # Both cluster members and each site's own server: clients verify-full every one.
+    pg_sans = _sans(certs / "postgres.crt")
+    for name in ("DNS:postgres-a", "DNS:postgres-b", "DNS:postgres-site-a",
+                 "DNS:postgres-site-b"):
+        assert name in pg_sans, pg_sans
     if os.geteuid() == 0:  # owned by the image's user that reads it (settle, uid 10001)
         assert (certs / "airflow.key").stat().st_uid == 10001
 
