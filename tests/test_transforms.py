@@ -443,27 +443,3 @@ def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
     with pytest.raises(pa.ArrowInvalid, match="(?i)decimal|precision|scale"):
         local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()
 
-
-def test_started_python_workers_keep_their_imports_for_the_next_job(spark: SparkSession
-                                                                    ) -> None:
-    """The premise of ``warm_python_workers`` (a close starts the classifier's workers ahead
-    of the Kafka read): Spark reuses a Python worker, so a module the warm-up imported is
-    already imported when the next Python task runs on it. A module no worker has imported
-    yet is the control."""
-    from settlement.spark.session import warm_python_workers
-
-    def imported(names: tuple[str, ...]) -> list[bool]:
-        def probe(batches):  # type: ignore[no-untyped-def]
-            import sys
-
-            for batch in batches:
-                yield pa.RecordBatch.from_pydict(
-                    {"seen": [all(n in sys.modules for n in names)] * batch.num_rows})
-
-        n = spark.sparkContext.defaultParallelism
-        return [r.seen for r in spark.range(0, n, 1, n).mapInArrow(probe, "seen boolean")
-                .collect()]
-
-    assert not any(imported(("xml.dom.minidom",)))  # nothing has imported it in a worker
-    warm_python_workers(spark, ("xml.dom.minidom", "consumers.parse"))
-    assert all(imported(("xml.dom.minidom", "consumers.parse")))

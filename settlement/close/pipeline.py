@@ -334,7 +334,7 @@ def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: 
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
            say: Callable[[str], None], hold: bool = False) -> dict[str, Any]:
-    from settlement.spark.session import start_session, then_warm_python
+    from settlement.spark.session import start_session
 
     t0 = time.perf_counter()
     # What a cold process paid before this close began (the interpreter, the imports of the
@@ -354,7 +354,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started)
     imports_t0 = time.perf_counter()
     from settlement.report import write_report
-    from settlement.spark.io import KAFKA_WORKER_MODULES, read_day
+    from settlement.spark.io import read_day
     from settlement.spark.settle import settle_day
     from settlement.validation.day import (
         ledger_figures_ahead,
@@ -366,10 +366,6 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     if validate:
         prepare_context(settings)  # in a thread; the validation step takes it
     timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
-    if choice.source == "kafka":
-        # The classifier's Python workers start while the run is recorded and the ledgers'
-        # figures are asked for, not inside the read.
-        session = then_warm_python(session, KAFKA_WORKER_MODULES, started)
     run_id = begin_run(settings, trade_date, choice, lease)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}

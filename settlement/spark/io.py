@@ -28,10 +28,6 @@ from settlement.spark.session import local_frame, persist_sized
 # A cached verdict of a plain trade, uncompressed: 288 MiB for the 2M day's 2,000,006 rows
 # (measured with Spark's storage info, row hashes included), rounded up.
 VERDICT_ROW_BYTES = 160
-# What the Kafka classifier's Python workers import (``settlement.spark.parse``): a close
-# starts its workers with them ahead of the read (``session.warm_python_workers``).
-KAFKA_WORKER_MODULES = ("pyarrow.compute", "orjson", "consumers.parse", "consumers.runtime",
-                        "settlement.spark.figures")
 
 
 def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:

@@ -9,7 +9,6 @@ artifact pyspark already has is left out and pyspark's copy wins.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import os
 import re
@@ -174,79 +173,30 @@ def build_session(
 def start_session(settings: Settings, app_name: str = "settlement",
                   conf: Mapping[str, str] | None = None,
                   timings: dict[str, float] | None = None) -> Future[SparkSession]:
-    """``build_session`` in a thread of its own, started now, and its first job run
-    (``_started_and_warm``): the JVM is a process of its own, so it starts on another core
-    while the caller goes on (a cold close imports Great Expectations and chooses its source
-    meanwhile). ``.result()`` is the session, or raises what ``build_session`` raised.
-    ``timings`` gets ``jvm_start_seconds`` and ``first_job_seconds``. PySpark installs its
-    Ctrl-C handler only from the main thread; a close started this way is interrupted as any
-    Python program is."""
+    """``build_session`` in a thread of its own, started now: the JVM is a process of its
+    own, so it starts on another core while the caller goes on (a cold close imports Great
+    Expectations and makes its GX project ready meanwhile). ``.result()`` is the session, or
+    raises what ``build_session`` raised; ``timings`` gets ``jvm_start_seconds``. PySpark
+    installs its Ctrl-C handler only from the main thread; a close started this way is
+    interrupted as any Python program is.
+
+    Tried and left (docs/benchmarks.md): running a first job in this thread (the SQL
+    engine's classes loaded ahead of the read) and starting the Python workers ahead of the
+    Kafka read. Each took the read 2-5 s shorter but cost the start more than that: on two
+    cores nothing else was left to overlap them with."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start")
-    try:
-        return pool.submit(_started_and_warm, settings, app_name, conf,
-                           {} if timings is None else timings)
-    finally:
-        pool.shutdown(wait=False)
+    out = {} if timings is None else timings
 
-
-def _started_and_warm(settings: Settings, app_name: str, conf: Mapping[str, str] | None,
-                      timings: dict[str, float]) -> SparkSession:
-    """A session whose first job has run: a fresh JVM's first job loads and compiles the
-    SQL engine's classes (scans, generated code, a shuffle, the collect) and took seconds
-    more than the same job run again; paid here, beside the caller's own start-up work,
-    the day's first real job does not pay it."""
-    from pyspark.sql import functions as F
-
-    t0 = time.perf_counter()
-    spark = build_session(settings, app_name, conf)
-    t1 = time.perf_counter()
-    timings["jvm_start_seconds"] = round(t1 - t0, 3)
-    with contextlib.suppress(Exception):  # only a head start, as then_warm_python's
-        spark.range(0, 64, 1, 2).groupBy((F.col("id") % 8).alias("k")).agg(
-            F.sum("id").cast("decimal(18,4)")).collect()
-    timings["first_job_seconds"] = round(time.perf_counter() - t1, 3)
-    return spark
-
-
-def then_warm_python(session: Future[SparkSession], modules: Sequence[str],
-                     timings: dict[str, float] | None = None) -> Future[SparkSession]:
-    """``session``, and once it is up, its Python workers started with ``modules`` imported
-    (``warm_python_workers``), in a thread: the caller goes on meanwhile. ``timings`` gets
-    ``python_workers_seconds``."""
     def started() -> SparkSession:
-        spark = session.result()
         t0 = time.perf_counter()
-        # Only a head start: a failure here is met again, and reported, by the job itself.
-        with contextlib.suppress(Exception):
-            warm_python_workers(spark, modules)
-        if timings is not None:
-            timings["python_workers_seconds"] = round(time.perf_counter() - t0, 3)
+        spark = build_session(settings, app_name, conf)
+        out["jvm_start_seconds"] = round(time.perf_counter() - t0, 3)
         return spark
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="python-workers")
     try:
         return pool.submit(started)
     finally:
         pool.shutdown(wait=False)
-
-
-def warm_python_workers(spark: SparkSession, modules: Sequence[str]) -> None:
-    """Start the Python workers a job's Python code will run in, one per core, with
-    ``modules`` imported. Workers are reused (``spark.python.worker.reuse``, on by default),
-    so the day's first Python task finds its worker running and its imports done: starting
-    them (PySpark's daemon, then each worker importing pyarrow and the parser) was a second
-    or more of a small day's Kafka read."""
-    names = tuple(modules)
-
-    def start(batches: Iterable[pa.RecordBatch]) -> Iterable[pa.RecordBatch]:
-        import importlib
-
-        for name in names:
-            importlib.import_module(name)
-        yield from batches
-
-    n = max(int(spark.sparkContext.defaultParallelism), 1)
-    spark.range(0, n, 1, n).mapInArrow(start, "id long").collect()
 
 
 _COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
