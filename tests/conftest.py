@@ -38,9 +38,14 @@ if WORKER:
     os.environ.setdefault("SETTLE_GX_DIR", str(ROOT / ".state" / "test" / f"gx-{WORKER}"))
     os.environ.setdefault("SETTLE_REPORTS_DIR",
                           str(ROOT / ".state" / "test" / f"reports-{WORKER}"))
-# Airflow reads its configuration at import time: a private home with SQLite, our DAGs only.
-os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".state" / "test" / "-".join(
-    x for x in ("airflow", WORKER) if x)))
+# Airflow reads its configuration at import time: a private home with SQLite, our DAGs only;
+# a worker's own. The xdist controller loads this file too and sets the home first, and its
+# workers inherit its environment: a worker takes that home with its name appended (with
+# setdefault both workers shared one SQLite database, and a human-in-the-loop answer written
+# by one process was never seen by the DAG run of another).
+os.environ.setdefault("AIRFLOW_HOME", str(ROOT / ".state" / "test" / "airflow"))
+if WORKER and not os.environ["AIRFLOW_HOME"].endswith(f"-{WORKER}"):
+    os.environ["AIRFLOW_HOME"] = f"{os.environ['AIRFLOW_HOME']}-{WORKER}"
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "dags"))
 # spark-submit (SparkSubmitOperator) and the settle CLI live next to this interpreter.

@@ -134,7 +134,8 @@ def test_drill_dag_only_when_drills_are_enabled() -> None:
         out = json.loads(res.stdout.strip().splitlines()[-1])
         assert out["errors"] == [], out
         seen[enabled] = out["dags"]
-    assert seen == {"true": ["eod_settlement", "failover_drill"], "false": ["eod_settlement"]}
+    assert seen == {"true": ["eod_reclose", "eod_settlement", "failover_drill"],
+                    "false": ["eod_reclose", "eod_settlement"]}
 
 
 def test_connection_types_come_from_the_providers() -> None:

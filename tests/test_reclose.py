@@ -6,13 +6,16 @@ eod_reclose DAG publishes only what an operator approved and records the decisio
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -238,6 +241,26 @@ def test_a_reclose_joins_the_close_of_the_date_in_progress(
 
 
 # -- the eod_reclose DAG: approved in the UI ----------------------------------------------------
+# The longest one eod_reclose run may take here (compute, validate, wait for the answer,
+# publish); the operator process gives up after 900 s.
+HITL_BOUND_S = 1200
+
+
+@contextlib.contextmanager
+def _alarm_after(seconds: int) -> Iterator[None]:
+    """Raise TimeoutError in this (the main) thread after ``seconds``."""
+    def ring(_signum: int, _frame: object) -> None:
+        raise TimeoutError(f"no answer ended the DAG run within {seconds}s")
+
+    before = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+
+
 def _run_reclose_dag(iso: Isolated, answer: str, monkeypatch: pytest.MonkeyPatch
                      ) -> tuple[Any, dict[str, Any]]:
     """One eod_reclose run (dag.test()) answered by an operator in another process."""
@@ -252,7 +275,10 @@ def _run_reclose_dag(iso: Isolated, answer: str, monkeypatch: pytest.MonkeyPatch
         [sys.executable, "-m", "tests.hitl_responder", "eod_reclose", "approve", answer,
          "ops-anna"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, text=True)
     try:
-        run = dag.test(run_conf={"trade_date": DAY, "source": "db"})
+        # dag.test() waits for a human-in-the-loop answer without end: an answer that never
+        # comes (the operator process failed) must end the test, not the suite.
+        with _alarm_after(HITL_BOUND_S):
+            run = dag.test(run_conf={"trade_date": DAY, "source": "db"})
         out, _ = operator.communicate(timeout=60)
     finally:
         if operator.poll() is None:

@@ -591,3 +591,17 @@ def test_positions_that_ignore_a_bust_fail_the_invariants(spark: SparkSession) -
     out = validate(spark, as_sent)
     assert f"{INVARIANTS}: trade counts are twice the trades read" in failing(out)
     assert f"{INVARIANTS}: positions carry the day's volume and notional" in failing(out)
+
+
+def test_a_preparation_no_close_took_is_forgotten() -> None:
+    """A close makes the GX project ready ahead of its validation; one that fails before
+    validating forgets it (``discard_prepared``), or a later run in the process would take a
+    context read long before (its Data Docs build failed in the suite that way)."""
+    from settlement.config import load_settings
+    from settlement.validation import run as R
+
+    s = load_settings()
+    R.prepare_context(s)
+    assert s.gx_project_dir in R._prepared
+    R.discard_prepared(s)
+    assert s.gx_project_dir not in R._prepared

@@ -361,10 +361,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         record_validation,
         validate_day,
     )
-    from settlement.validation.run import prepare_context
+    from settlement.validation.run import discard_prepared, prepare_context
 
-    if validate:
-        prepare_context(settings)  # in a thread; the validation step takes it
     timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
     run_id = begin_run(settings, trade_date, choice, lease)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
@@ -372,6 +370,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     read = settled = None
     outcome: ValidationOutcome | None = None
     finished = False  # a finished run's row is append-only (migration 0007)
+    if validate:
+        prepare_context(settings)  # in a thread; the validation step takes it
     try:
         # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while
         # Spark reads and nets the day.
@@ -471,6 +471,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         if outcome is not None:  # a close that failed after validating: no pages left behind
             with contextlib.suppress(Exception):
                 outcome.wait_for_docs()
+        discard_prepared(settings)  # one it did not take is this close's only
         if settled is not None:
             settled.trades.unpersist()
         if read is not None:

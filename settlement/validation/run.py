@@ -303,6 +303,13 @@ def prepare_context(settings: Settings) -> None:
         pool.shutdown(wait=False)
 
 
+def discard_prepared(settings: Settings) -> None:
+    """Forget a preparation no run took (a close that failed before validating): a context
+    read long before a later run would be stale by then (its Data Docs build failed)."""
+    with _prepared_lock:
+        _prepared.pop(settings.gx_project_dir, None)
+
+
 def _ready_context() -> tuple[Any, dict[str, Any]]:
     """The prepared project of this process's GX folder if one was started (taken: the next
     run prepares its own), else made now. A preparation that failed is made again here, so
