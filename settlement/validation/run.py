@@ -368,22 +368,23 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
                     examples=[] if er.success else _examples(result),
                     severity=str(getattr(severity, "value", severity)),
                 ))
-    outcome = ValidationOutcome(checks, skipped, _docs_url(context), seconds)
-    if docs_in_background:
-        # The verdict does not wait for the pages: the close publishes, writes its
-        # instructions and its report (which links the site) meanwhile, then waits
-        # (``wait_for_docs``).
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
-        outcome.docs_pending = pool.submit(_build_docs, context, built)
-        pool.shutdown(wait=False)
-    elif not _build_docs(context, built):
-        outcome.data_docs = None
+    if not docs_in_background:
+        docs = _docs_url(context) if _build_docs(context, built) else None
+        return ValidationOutcome(checks, skipped, docs, seconds)
+    # The verdict does not wait for the pages: the close publishes, writes its instructions
+    # and its report (which links the site: its URL whether or not the index exists yet, as
+    # in a new GX project) meanwhile, then waits (``wait_for_docs``).
+    outcome = ValidationOutcome(checks, skipped, _docs_url(context, only_if_exists=False),
+                                seconds)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
+    outcome.docs_pending = pool.submit(_build_docs, context, built)
+    pool.shutdown(wait=False)
     return outcome
 
 
-def _docs_url(context: Any) -> str | None:
+def _docs_url(context: Any, only_if_exists: bool = True) -> str | None:
     try:
-        urls = context.get_docs_sites_urls()
+        urls = context.get_docs_sites_urls(only_if_exists=only_if_exists)
     except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
         return None
     return urls[0]["site_url"] if urls else None
