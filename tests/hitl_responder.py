@@ -1,5 +1,6 @@
-"""An operator answering a DAG's approval, from outside the DAG run (its own process), as the
-Airflow API records an answer (PATCH .../hitlDetails: the response on the HITL row, then the
+"""An operator answering a DAG's approval, from outside the DAG run (its own process, or
+``answer`` in a thread of the test's: tests/test_reclose.py), as the Airflow API records an
+answer (PATCH .../hitlDetails: the response on the HITL row, then the
 parked task resumed): ``python -m tests.hitl_responder DAG_ID TASK_ID ANSWER USER``. Prints the
 approval's subject and body as one JSON line once it has answered. dag.test() waits for
 exactly this (it never answers a human-in-the-loop task itself)."""

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -263,28 +260,46 @@ def _alarm_after(seconds: int) -> Iterator[None]:
 
 def _run_reclose_dag(iso: Isolated, answer: str, monkeypatch: pytest.MonkeyPatch
                      ) -> tuple[Any, dict[str, Any]]:
-    """One eod_reclose run (dag.test()) answered by an operator in another process."""
+    """One eod_reclose run (dag.test()) answered by an operator from outside the run, as the
+    Airflow API records an answer (tests.hitl_responder), in a thread of this process: a
+    second process on the SQLite metadata database could find its write-ahead log replaced
+    under it (the answer then never reached the run)."""
     from settlement.orchestration.dagtest import without_deadlines
     from settlement.orchestration.tasks import airflow_connections
+    from tests.hitl_responder import answer as respond
     from tests.test_dags import ROOT, _dagbag
 
     for k, v in airflow_connections(iso.settings).items():
         monkeypatch.setenv(k, v)
     dag = without_deadlines(_dagbag(ROOT / "dags" / "eod_reclose.py").dags["eod_reclose"])
-    operator = subprocess.Popen(
-        [sys.executable, "-m", "tests.hitl_responder", "eod_reclose", "approve", answer,
-         "ops-anna"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE, text=True)
-    try:
-        # dag.test() waits for a human-in-the-loop answer without end: an answer that never
-        # comes (the operator process failed) must end the test, not the suite.
-        with _alarm_after(HITL_BOUND_S):
-            run = dag.test(run_conf={"trade_date": DAY, "source": "db"})
-        out, _ = operator.communicate(timeout=60)
-    finally:
-        if operator.poll() is None:
-            operator.kill()
-    assert operator.returncode == 0, "the operator never saw the approval"
-    return run, json.loads(out.strip().splitlines()[-1])
+    got: dict[str, Any] = {}
+
+    def operator() -> None:
+        try:
+            got["seen"] = respond("eod_reclose", "approve", answer, "ops-anna", timeout=900)
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            got["error"] = e
+
+    # Everything the operator's queries import and configure, imported here first: two
+    # threads importing Airflow's models at once deadlocked (a module lock against
+    # SQLAlchemy's mapper configuration lock).
+    import airflow.models.dagbag
+    import airflow.models.hitl
+    import airflow.models.trigger  # noqa: F401
+    from airflow.models import import_all_models
+    from sqlalchemy.orm import configure_mappers
+
+    import_all_models()
+    configure_mappers()
+    thread = threading.Thread(target=operator, name="operator", daemon=True)
+    thread.start()
+    # dag.test() waits for a human-in-the-loop answer without end: an answer that never
+    # comes (the operator failed) must end the test, not the suite.
+    with _alarm_after(HITL_BOUND_S):
+        run = dag.test(run_conf={"trade_date": DAY, "source": "db"})
+    thread.join(timeout=60)
+    assert "seen" in got, f"the operator never saw the approval: {got.get('error')}"
+    return run, got["seen"]
 
 
 def _decisions(s: Settings) -> list[tuple[Any, ...]]:
