@@ -48,10 +48,10 @@ def register(sub: Subparsers) -> None:
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.close.pipeline import run_eod
 
-    require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
     if args.reclose and args.only_if_unsettled:
         raise ConfigError("--reclose settles a settled day again: it cannot be combined "
                            "with --only-if-unsettled")
+    require_services(s, kafka=False)  # Kafka down is a reason to settle from the ledger
     out = run_eod(s, args.date, source=args.source, accept_incomplete=args.accept_incomplete,
                   progress=progress(args), only_if_unsettled=args.only_if_unsettled,
                   reclose=args.reclose)
