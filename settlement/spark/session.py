@@ -46,6 +46,9 @@ DEFAULTS: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     # The UI binds a port and starts threads that a batch job on a shared host does not need.
     "spark.ui.enabled": "false",
+    # The console progress bar writes carriage-return frames to stderr: noise in an
+    # operator's terminal and in Airflow's task log, where the run's own progress is printed.
+    "spark.ui.showConsoleProgress": "false",
 }
 
 
