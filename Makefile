@@ -14,7 +14,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
-.PHONY: help setup browser env jars up down status migrate test test-quick test-down lint demo \
+.PHONY: help setup browser promtool env jars up down status migrate test test-quick test-down lint demo \
 	airflow bench clean stack-up stack-drill stack-soak stack-down stack-logs
 
 help:
@@ -32,6 +32,14 @@ browser:
 	  echo "installing Debian's chromium for the browser tests..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# promtool (Debian's prometheus package) checks and unit-tests the alert rules in the suite
+# (tests/test_alert_rules.py fails without it).
+promtool:
+	@command -v promtool >/dev/null || { \
+	  echo "installing Debian's prometheus for promtool..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends prometheus >/dev/null; }
+
 $(CURDIR)/.tools/bin/uv:
 	python3 -m venv .tools
 	.tools/bin/pip install -q uv==$(UV_VERSION)
@@ -44,8 +52,8 @@ env: .venv/.synced
 jars: .cache/jars/kafka/.done .cache/jars/spark/.done
 .cache/jars/kafka/.done: jvm/kafka/pom.xml jvm/settings.xml
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jdk-headless)"; exit 1; }
-	@echo "fetching the Kafka broker jars from Maven Central..."
-	rm -rf .cache/jars/kafka
+	@echo "fetching the Kafka broker jars and the JMX exporter agent from Maven Central..."
+	rm -rf .cache/jars/kafka .cache/jars/jmx
 	$(MVN) -f jvm/kafka/pom.xml package
 	@touch $@
 .cache/jars/spark/.done: jvm/spark/pom.xml jvm/settings.xml
@@ -80,7 +88,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 --durations-min=5
 # Each phase's results, for the summary of every phase's failures printed last.
 JUNIT := .state/test/junit
-test: setup browser
+test: setup browser promtool
 	@$(TEST_ENV) $(SETTLE) services up --json >/dev/null
 	@$(TEST_ENV) $(SETTLE) db migrate --json >/dev/null
 	@rc=0; rm -f $(JUNIT)-*.xml; \
@@ -97,7 +105,7 @@ test: setup browser
 # The tests that need no services (contract, parsers and the parity corpus, config, CLI
 # errors, calendar, layers and lint, report rendering, capacity model): minutes, not half
 # an hour. For the edit-run loop; `make test` before pushing.
-test-quick: env
+test-quick: env promtool
 	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not services" \
 	  --durations=10 $(PYTEST_ARGS)
 

@@ -193,7 +193,8 @@ class Site:
         deadline = started + opts.max_seconds if opts.max_seconds else None
         self.partition_count = self._partition_count()
         if self.settings.metrics_port:
-            port = self.metrics.serve(self.settings.metrics_port)
+            port = self.metrics.serve(self.settings.metrics_port,
+                                      self.settings.metrics_address)
             log.info("site %s: Prometheus metrics on port %d (/metrics)", opts.site, port)
         last_stats, stats_at = dict(self.stats), started
         last_prune = -PRUNE_EVERY  # a first pass at start

@@ -7,7 +7,8 @@
 #
 #   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
 #
-# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver-a/-b),
+# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver-a/-b,
+# prometheus, alertmanager, pushgateway, postgres-exporter),
 # localhost and 127.0.0.1, plus the extra SANs given (DNS:name or IP:address) for hosts
 # clients reach from elsewhere. Idempotent: what exists is kept (delete DIR to re-issue).
 #
@@ -106,3 +107,10 @@ issue etcd 998 DNS:etcd-a DNS:etcd-b DNS:etcd-witness
 # Each site's Airflow api-server: clients reach it as airflow-apiserver-a / -b (compose's
 # service names, each site's execution API URL) or localhost / 127.0.0.1 (the published ports).
 issue airflow 10001 DNS:airflow-apiserver-a DNS:airflow-apiserver-b DNS:airflow-apiserver
+# Monitoring (uid 997: deploy/prometheus/Dockerfile's prometheus): Prometheus, Alertmanager, the
+# Pushgateway, and one for the four PostgreSQL exporters (each at its server's site).
+issue prometheus 997
+issue alertmanager 997
+issue pushgateway 997
+issue postgres-exporter 997 DNS:postgres-exporter-a DNS:postgres-exporter-b \
+  DNS:postgres-exporter-site-a DNS:postgres-exporter-site-b

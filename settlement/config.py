@@ -88,14 +88,16 @@ LEDGERS = ("a", "b", "shared")
 # migrations and setup only. A deployment names the users in its DSNs (docker-compose.yml
 # gives each service its own); the embedded server creates the users below, with random
 # passwords kept in a 0600 pgpass file under the state directory.
-Component = Literal["admin", "site_a", "site_b", "settlement", "auditor"]
+# The monitoring login (the PostgreSQL exporter's: server statistics and the close's runs,
+# sql/migrations/0015) is a deployment's only: no process of the application logs in as it.
+Component = Literal["admin", "site_a", "site_b", "settlement", "auditor", "monitor"]
 COMPONENTS: tuple[Component, ...] = ("admin", "site_a", "site_b", "settlement", "auditor")
 COMPONENT_GROUPS: dict[str, str] = {"site_a": "settle_site", "site_b": "settle_site",
                                     "settlement": "settle_settlement",
-                                    "auditor": "settle_auditor"}
+                                    "auditor": "settle_auditor", "monitor": "settle_monitoring"}
 EMBEDDED_USERS: dict[str, str] = {"admin": "settle", "site_a": "settle_site_a",
                                   "site_b": "settle_site_b", "settlement": "settle_eod",
-                                  "auditor": "settle_audit"}
+                                  "auditor": "settle_audit", "monitor": "settle_monitor"}
 _DB_PREFIX = re.compile(r"^[a-z0-9_]{0,40}$")
 
 
@@ -211,6 +213,9 @@ class Settings(BaseSettings):
     # stats_interval_seconds (0: never), and deletes its ledger's heartbeats older than
     # heartbeat_retention_days (0: keep them all) once at start and then hourly.
     metrics_port: int = Field(0, ge=0, le=65535)
+    # Where the metrics server listens: every interface (Prometheus scrapes from another host
+    # or container), or one address (the local stack's host networking: 127.0.0.1).
+    metrics_address: str = "0.0.0.0"
     stats_interval_seconds: float = Field(30.0, ge=0)
     heartbeat_retention_days: int = Field(7, ge=0, le=3650)
 

@@ -119,6 +119,8 @@ PG_ADMIN = "settle"
 # Which PostgreSQL user each service logs in as (every URL in its environment).
 PG_USERS = {"migrate": {PG_ADMIN}, "migrate-a": {PG_ADMIN}, "migrate-b": {PG_ADMIN},
             "site-a": {"settle_site_a"}, "site-b": {"settle_site_b"},
+            **{f"postgres-exporter-{server}": {"settle_monitor"}
+               for server in ("a", "b", "site-a", "site-b")},
             **{name: users for site in SITES for name, users in (
                 (f"airflow-scheduler-{site}", {"settle_eod", "airflow"}),
                 (f"airflow-apiserver-{site}", {"settle_audit", "airflow"}),
@@ -245,6 +247,13 @@ OWN_TLS_FILES = {
     # Each site's own server verifies no one: its key pair only.
     **{m: {"postgres.crt", "postgres.key"} for m in SITE_PG},
     **{f"airflow-apiserver-{site}": {"ca.crt", "airflow.crt", "airflow.key"} for site in SITES},
+    # Monitoring (HTTPS): Prometheus verifies what it scrapes and the exporters their server;
+    # Alertmanager and the Pushgateway verify no one.
+    "prometheus": {"ca.crt", "prometheus.crt", "prometheus.key"},
+    "alertmanager": {"alertmanager.crt", "alertmanager.key"},
+    "pushgateway": {"pushgateway.crt", "pushgateway.key"},
+    **{f"postgres-exporter-{server}": {"ca.crt", "postgres-exporter.crt", "postgres-exporter.key"}
+       for server in ("a", "b", "site-a", "site-b")},
 }
 
 
@@ -817,6 +826,12 @@ def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> 
                 # metadata, reached by that site (or, for the ledgers, by either close).
                 assert site[1].lower() == site[2], (name, var)
                 assert re.search(rf"/(ledger_{site[2]}|airflow)\?", text), (name, var)
+                assert text.endswith("sslmode=verify-full&sslrootcert=/certs/ca.crt"), (name, var)
+                continue
+            member = re.search(r"@\$\{PG_([AB])_ADDRESS:-postgres-([ab]):5432\}/settlement\?", text)
+            if member:
+                # A member's exporter watches that one server, whichever its role.
+                assert member[1].lower() == member[2] and name == f"postgres-exporter-{member[2]}"
                 assert text.endswith("sslmode=verify-full&sslrootcert=/certs/ca.crt"), (name, var)
                 continue
             found += 1

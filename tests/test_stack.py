@@ -381,6 +381,38 @@ def _airflow_is_https_on_loopback_only(url: str) -> None:
     assert {a for a, _ in ours} == {"127.0.0.1"}, ours
 
 
+def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) -> None:
+    """Every scrape target healthy (each site, each broker, each PostgreSQL server, the
+    monitoring itself), the alert rules of deploy/prometheus/rules.yml loaded, the dashboard
+    rendered from live values, Alertmanager's API answering; all HTTPS on the stack's CA."""
+    from collections import Counter
+
+    import yaml
+
+    from settlement.stack.monitoring import Monitoring, wait_targets_up
+
+    assert up["prometheus_url"] == env["PROMETHEUS_URL"].rstrip("/"), up
+    assert up["alertmanager_url"] == env["ALERTMANAGER_URL"].rstrip("/"), up
+    assert up["prometheus_url"].startswith("https://127.0.0.1:"), up
+    mon = Monitoring(up["prometheus_url"], up["alertmanager_url"], env["PUSHGATEWAY_URL"],
+                     up["airflow_ca"])
+    targets = wait_targets_up(mon, timeout=240)
+    assert Counter(t.job for t in targets) == {"settle-site": 2, "kafka": 3, "postgres": 4,
+                                               "pushgateway": 1, "alertmanager": 1,
+                                               "prometheus": 1}, targets
+    groups = yaml.safe_load((ROOT / "deploy/prometheus/rules.yml").read_text())["groups"]
+    assert set(mon.alert_rules()) == {r["alert"] for g in groups for r in g["rules"]}
+    # The exporters report what the rules read: a standby in the settlement cluster, the
+    # brokers' replication, each site's heartbeat.
+    for query in ('pg_replication_is_replica{cluster="settlement"} == 1',
+                  "kafka_server_replicamanager_underminisrpartitioncount",
+                  "settle_site_last_heartbeat_timestamp_seconds"):
+        assert mon.prometheus("/api/v1/query", query=query)["result"], query
+    page = mon.fetch(f"{up['prometheus_url']}/consoles/settlement.html").decode()
+    assert "on-call dashboard" in page and "postgres-a" in page and "error" not in page, page
+    assert json.loads(mon.fetch(f"{up['alertmanager_url']}/api/v2/status"))["cluster"]
+
+
 def _replicas_are_one_per_site(env: dict[str, str], ca: str) -> None:
     """What the brokers report, not what the file says: each broker's rack is a location (a,
     b, witness) and every partition of the topic has one replica at each. Asked as the Kafka
@@ -468,6 +500,8 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         _replicas_are_one_per_site(env, secrets["airflow_ca"])
         # Airflow: HTTPS verified against the stack's CA; nothing listens beyond loopback.
         _airflow_is_https_on_loopback_only(up["airflow_url"])
+        # Prometheus scrapes every component, has every alert rule, serves the dashboard.
+        _monitoring_sees_every_component(up, env)
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"
@@ -491,6 +525,14 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         assert loss["closed_by"] == "b", loss
         assert 0 < loss["db_failover_s"] < 120 and loss["ingest_gap_s"] is not None, loss
         assert loss["ingest_gap_s"] >= loss["db_failover_s"] - 5, loss
+        # Prometheus (at the witness) saw the site go: its heartbeat alert fired within its
+        # `for:` and a scrape or two, reached Alertmanager, and resolved once the site was back.
+        assert loss["alert_for_s"] == 60, loss
+        assert loss["alert_fired_s"] is not None and loss["alert_fired_s"] <= 60 + 40, loss
+        assert loss["alert_fired_s"] >= 60, loss  # not before its `for:`
+        assert loss["alert_notified_s"] is not None, loss
+        assert loss["alert_resolved_s"] is not None and loss["alert_passed"] is True, loss
+        assert loss["verdict_pushed"] is True, loss
         # The site frozen past the leases while its close held the date's: the survivor
         # closes, the woken primary is demoted and the woken close cannot publish.
         freeze = _make("stack-drill", "FAULT=site-freeze", "SITE=a", "DATE=2026-03-04",

@@ -74,6 +74,11 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             from settlement.stack.drill import run_stack_drill
 
             result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+    from settlement.stack.monitoring import push_verdict
+
+    # The verdict where the DrillOrSoakFailing alert reads it.
+    kind = "soak" if args.action == "soak" else (args.fault or "stack")
+    result["verdict_pushed"] = push_verdict(stack, kind, bool(result["passed"]), log)
     if not result["passed"]:
         raise CommandFailed(f"the stack {args.action} failed: see lost/duplicated/"
                             "dag_run_state", result)

@@ -371,6 +371,9 @@ def client_info(stack: Stack) -> dict[str, Any]:
         "airflow_ca": secrets["airflow_ca"],
         "airflow_user": secrets["airflow_logins"]["admin"]["username"],
         "airflow_password": IN_SECRETS_FILE,
+        # Monitoring (HTTPS, the same CA); the dashboard: /consoles/settlement.html there.
+        "prometheus_url": env["PROMETHEUS_URL"],
+        "alertmanager_url": env["ALERTMANAGER_URL"],
         "env_file": str(stack.env_path),
         "secrets_file": str(stack.secrets_path),
     }

@@ -20,6 +20,7 @@ PASSWORDS = (
     "SETTLE_KAFKA_AUDITOR_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
     "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
     "SETTLE_PG_REPLICATION_PASSWORD", "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD",
+    "SETTLE_PG_MONITOR_PASSWORD",
 )
 # The ports deploy/local/docker-compose.local.yml listens on (host networking). All lie below
 # Linux's ephemeral range (32768-60999): a port inside it is also the local end of outgoing
@@ -46,6 +47,14 @@ AIRFLOW_PORTS = {"a": AIRFLOW_PORT, "b": 28081}
 # log server answers.
 AIRFLOW_INTERNAL_PORTS = (28793, 28794, 28974)
 AIRFLOW_B_INTERNAL_PORTS = (28795, 28796, 28975)
+# Monitoring (issue 46): Prometheus, Alertmanager and the Pushgateway (HTTPS), each site's
+# metrics, each broker's JMX exporter, the PostgreSQL exporters (cluster member A, B, then each
+# site's own server).
+PROMETHEUS_PORT, ALERTMANAGER_PORT, PUSHGATEWAY_PORT = 27990, 27991, 27992
+SITE_METRICS_PORTS = {"a": 27400, "b": 27401}
+JMX_PORTS = (27501, 27502, 27503)
+PG_EXPORTER_PORTS = {"postgres-a": 27187, "postgres-b": 27188, "postgres-site-a": 27189,
+                     "postgres-site-b": 27190}
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
@@ -62,6 +71,11 @@ LISTEN_PORTS: dict[int, str] = {
        for site, ports in (("a", AIRFLOW_INTERNAL_PORTS), ("b", AIRFLOW_B_INTERNAL_PORTS))
        for port, what in zip(ports, ("task log port (kept free)", "trigger log port (kept "
                                      "free)", "scheduler health check"), strict=True)},
+    PROMETHEUS_PORT: "Prometheus (HTTPS)", ALERTMANAGER_PORT: "Alertmanager (HTTPS)",
+    PUSHGATEWAY_PORT: "Pushgateway (HTTPS)",
+    **{port: f"site {site.upper()}'s metrics" for site, port in SITE_METRICS_PORTS.items()},
+    **{p: f"Kafka broker {i}'s JMX exporter" for i, p in enumerate(JMX_PORTS, 1)},
+    **{port: f"PostgreSQL exporter of {server}" for server, port in PG_EXPORTER_PORTS.items()},
 }
 # Where the api-server listens unless the .env says otherwise (AIRFLOW_BIND_ADDRESS, kept
 # across runs): loopback, so that logins, cookies and tokens stay on this machine.
@@ -110,6 +124,9 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         "PG_ADDRESS": ",".join(f"127.0.0.1:{p}" for p in PG_PORTS),
         "PG_HOSTS": ",".join("127.0.0.1" for _ in PG_PORTS),
         "PG_PORTS": ",".join(str(p) for p in PG_PORTS),
+        # Each member alone (its exporter watches that server, whichever role it has).
+        "PG_A_ADDRESS": f"127.0.0.1:{PG_PORTS[0]}",
+        "PG_B_ADDRESS": f"127.0.0.1:{PG_PORTS[1]}",
         # Each site's own server (ledger_a / ledger_b, that site's Airflow metadata).
         **{f"PG_SITE_{site.upper()}_ADDRESS": f"127.0.0.1:{port}"
            for site, port in PG_SITE_PORTS.items()},
@@ -124,6 +141,10 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         # Site B's Airflow (site A's is the two above).
         "AIRFLOW_B_INTERNAL_URL": airflow_url(airflow_bind, AIRFLOW_PORTS["b"]),
         "AIRFLOW_B_BASE_URL": airflow_url(airflow_bind, AIRFLOW_PORTS["b"]),
+        # Monitoring: HTTPS with the stack's CA, on loopback.
+        "PROMETHEUS_URL": f"https://127.0.0.1:{PROMETHEUS_PORT}",
+        "ALERTMANAGER_URL": f"https://127.0.0.1:{ALERTMANAGER_PORT}",
+        "PUSHGATEWAY_URL": f"https://127.0.0.1:{PUSHGATEWAY_PORT}",
         "SETTLE_CERTS_DIR": str(certs),
         "SETTLE_SCHEME": "shared",
         "SETTLE_TOPIC": "trades",

@@ -22,6 +22,9 @@ KAFKA = "settle-local/kafka:4.3.1"
 POSTGRES = "settle-local/postgres:15-bookworm"
 PATRONI = "settle-local/patroni:4.1.5-pg15"  # deploy/patroni/Dockerfile FROM POSTGRES
 ETCD = "settle-local/etcd:3.4"
+# deploy/prometheus/Dockerfile FROM BASE: Prometheus, Alertmanager, Pushgateway, the
+# PostgreSQL exporter (Debian's packages).
+MONITORING = "settle-local/monitoring:2.42"
 APP = "dual-site-settlement:0.1.0"  # docker-compose.yml's own name for it
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -82,5 +85,8 @@ def build_images(root: Path, kafka_jars: Path, log: Log) -> list[str]:
                       {"POSTGRES_IMAGE": POSTGRES})
         (ctx / "etcd").mkdir()
         _docker_build(ETCD, ctx / "etcd", local / "etcd.Dockerfile", log)
+        monitoring = root / "deploy" / "prometheus"
+        _docker_build(MONITORING, monitoring, monitoring / "Dockerfile", log,
+                      {"BASE_IMAGE": BASE})
     _docker_build(APP, root, root / "Dockerfile", log, {"PYTHON_IMAGE": PYTHON})
-    return [PYTHON, KAFKA, POSTGRES, PATRONI, ETCD, APP]
+    return [PYTHON, KAFKA, POSTGRES, PATRONI, ETCD, MONITORING, APP]

@@ -42,6 +42,7 @@ from settlement.stack.airflow_api import AirflowApi
 from settlement.stack.compose import Stack, airflow_api
 from settlement.stack.drill import DAG, publish_day, stack_settings
 from settlement.stack.engine import Log
+from settlement.stack.monitoring import AlertWatch, monitoring
 
 FAULTS = ("site-loss", "site-freeze")
 HOLDER_SITE = re.compile(r" site (\w+)$")
@@ -209,6 +210,8 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     t_kill = time.time()
     sites.docker_all(["kill", "-s", "KILL"], victims)
     probe = sites.WriteProbe(sites.member_dsn(stack, survivor)).start(t_kill)
+    # Prometheus and Alertmanager live at the witness: they must tell the loss.
+    alert = AlertWatch(monitoring(stack), site).start(t_kill)
     log(f"killed site {site} ({', '.join(victims.services)}): {progress.describe()}")
     db_failover = probe.wait(300)
     log(f"the settlement database accepts writes at site {survivor} after {db_failover} s")
@@ -222,8 +225,13 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     primary_after = sites.primary_site(stack, (survivor,))
     t_start = time.time()
     sites.docker_all(["start"], victims)
+    alert.restarted(t_start)
     log(f"started site {site} again")
     back = sites.wait_rejoined(stack, site, broker, t_start, timeout=600, log=log)
+    alerted = alert.finish(timeout=300)
+    log(f"site {site}'s heartbeat alert: fired {alerted.fired_s} s after the kill (for: "
+        f"{alerted.for_s} s), in Alertmanager after {alerted.notified_s} s, resolved "
+        f"{alerted.resolved_s} s after the restart")
     verdict = judge(settings, trade_date)
     return {
         "fault": "site-loss", "site_lost": site, "trade_date": trade_date, **verdict,
@@ -235,12 +243,12 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
         "killed_at": progress.describe(), "killed": list(victims.services),
         "rejoined": back.rejoined, "rejoin_s": back.seconds, "rejoined_member": back.member,
         "partitions_out_of_isr": back.partitions_out_of_isr,
-        "gateway": gateway_out,
+        "gateway": gateway_out, **alerted.as_json(),
         "passed": bool(verdict["ledger_ok"] and state == "success"
                        and verdict["positions_match"] is not False
                        and verdict["publications"] == 1 and verdict["closed_by"] == survivor
                        and primary_before == site and primary_after == survivor
-                       and back.rejoined),
+                       and back.rejoined and alerted.passed),
     }
 
 
