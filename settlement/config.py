@@ -88,10 +88,12 @@ LEDGERS = ("a", "b", "shared")
 # migrations and setup only. A deployment names the users in its DSNs (docker-compose.yml
 # gives each service its own); the embedded server creates the users below, with random
 # passwords kept in a 0600 pgpass file under the state directory.
-# The monitoring login (the PostgreSQL exporter's: server statistics and the close's runs,
-# sql/migrations/0015) is a deployment's only: no process of the application logs in as it.
+# The monitoring login is the PostgreSQL exporter's (server statistics and the close's runs,
+# sql/migrations/0015): no process of the application logs in as it, but the embedded server
+# creates it like the others, so its grants are tested as theirs are.
 Component = Literal["admin", "site_a", "site_b", "settlement", "auditor", "monitor"]
-COMPONENTS: tuple[Component, ...] = ("admin", "site_a", "site_b", "settlement", "auditor")
+COMPONENTS: tuple[Component, ...] = ("admin", "site_a", "site_b", "settlement", "auditor",
+                                     "monitor")
 COMPONENT_GROUPS: dict[str, str] = {"site_a": "settle_site", "site_b": "settle_site",
                                     "settlement": "settle_settlement",
                                     "auditor": "settle_auditor", "monitor": "settle_monitoring"}
