@@ -1,7 +1,7 @@
 """End-of-day settlement throughput from each source, against one SQL GROUP BY.
 
     .venv/bin/python benchmarks/settlement.py [--trades 2000,1000000[,10000000]]
-        [--modes process,warm]
+        [--modes process,warm] [--native on,off]
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
@@ -170,7 +170,7 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
 
 
 def one_size(spark: SparkSession | None, base: Settings, n: int,
-             modes: set[str]) -> dict[str, Any]:
+             modes: set[str], native: set[str]) -> dict[str, Any]:
     s, env = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -190,11 +190,17 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
         out["sql_group_by"] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
                                "positions": len(rows)}
         if "process" in modes:
-            for source in ("kafka", "db"):
-                print(f"[{n}] settle eod --source {source} (a process)...", file=sys.stderr,
-                      flush=True)
-                out[f"process_{source}"] = cold_close(env, source, n,
-                                                      out["sql_group_by"]["seconds"])
+            # The Kafka close with the native classifier of plain trades
+            # (SETTLE_NATIVE_TRADES=true) and without it (the default), one after the other
+            # on the same day.
+            runs = [(f"process_kafka{suffix}", "kafka", {"SETTLE_NATIVE_TRADES": flag})
+                    for flag, suffix, on in (("true", "_native", "on"), ("false", "", "off"))
+                    if on in native]
+            for key, source, extra in [*runs, ("process_db", "db", {})]:
+                print(f"[{n}] settle eod --source {source} {extra} (a process)...",
+                      file=sys.stderr, flush=True)
+                out[key] = cold_close({**env, **extra}, source, n,
+                                      out["sql_group_by"]["seconds"])
         if spark is None:
             return out
         for source, validate in (("kafka", False), ("db", False), ("kafka", True),
@@ -227,7 +233,14 @@ def main() -> None:
     ap.add_argument("--modes", default="process,warm",
                     help="process: `settle eod` as a cold process; warm: in this process's "
                          "started Spark session")
+    ap.add_argument("--native", default="off",
+                    help="off, on or on,off: the process Kafka close without the native "
+                         "classifier of plain trades (the default), with it "
+                         "(process_kafka_native), or both in the same run")
     args = ap.parse_args()
+    native = {m.strip() for m in args.native.split(",") if m.strip()}
+    if not native or not native <= {"on", "off"}:
+        ap.error(f"--native: expected on and/or off, got {args.native!r}")
     sizes = [int(x) for x in args.trades.split(",")]
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     if not modes <= {"process", "warm"}:
@@ -240,7 +253,7 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(spark, base, n, modes) for n in sizes]
+        results = [one_size(spark, base, n, modes, native) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

@@ -202,6 +202,11 @@ class Settings(BaseSettings):
     # Consumer sites.
     batch_size: int = Field(20_000, ge=1, le=1_000_000)
     max_message_bytes: int = Field(16_384, ge=256)
+    # The close's Kafka read classifies partitions of canonical plain trades and close
+    # markers in the JVM (settlement.spark.native) instead of the Python classifier: the
+    # same verdicts (tests/test_native.py), but measured slower than the worker so far
+    # (docs/benchmarks.md), hence off by default.
+    native_trades: bool = False
     session_timeout_ms: int = Field(6_000, ge=1_000, le=300_000)
     heartbeat_interval_ms: int = Field(1_000, ge=100, le=60_000)
     # Ledger sessions wait boundedly, so a frozen peer can delay a site but never block it:

@@ -28,6 +28,9 @@ from settlement.spark.session import local_frame, persist_sized
 # A cached verdict of a plain trade, uncompressed: 288 MiB for the 2M day's 2,000,006 rows
 # (measured with Spark's storage info, row hashes included), rounded up.
 VERDICT_ROW_BYTES = 160
+# A staged message (the native path's cached read): a gateway trade's ~220-byte value, its
+# partition, offset and type header.
+STAGED_ROW_BYTES = 280
 
 
 def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
@@ -157,8 +160,16 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     # Parsed and checked once; everything below reads the cached verdicts (uncompressed when
     # the range fits the storage memory comfortably: every offset is at most one row).
     offsets = sum(end - start for start, end in choice.kafka_ranges.values())
-    classified = persist_sized(spark, P.classify_kafka_values(raw, settings.max_message_bytes),
-                               offsets, VERDICT_ROW_BYTES)
+    staged: list[DataFrame] = []  # the read itself (native path), cached with the verdicts
+
+    def keep(df: DataFrame) -> DataFrame:
+        staged.append(persist_sized(spark, df, offsets, STAGED_ROW_BYTES))
+        return staged[-1]
+
+    classified = persist_sized(
+        spark, P.classify_kafka_values(raw, settings.max_message_bytes,
+                                       native=settings.native_trades, cache=keep),
+        offsets, VERDICT_ROW_BYTES)
     facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
@@ -169,7 +180,7 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     ) if facts.amendment_figures else None
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
-        parsed.trades, cached=[classified], late=facts.late, deduplicated=True,
+        parsed.trades, cached=[classified, *staged], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
         figures=facts.figures, copies_agree=True, other_dates=facts.other_dates,
         amendments=amendments, amendment_figures=facts.amendment_figures)

@@ -26,11 +26,24 @@ A later copy whose content differs from the first (``consumers.parse.fingerprint
 duplicate but a conflicting replay, and a second close marker of a day with another
 ``last_seq`` a conflicting marker: both are malformed with the reason the sites give them
 when they dead-letter them, so the two sources reach the same verdict on such a day.
+
+The native path (issue 44; ``SETTLE_NATIVE_TRADES=true`` turns it on for a close): most
+of a day is plain trades written canonically by the gateway, which need none of the worker's
+generality. A Kafka partition whose every message is a canonical plain trade or day's close
+marker (one pattern over the raw text each, generated from the contract:
+``settlement.spark.canonical``) is classified by Spark expressions instead
+(``settlement.spark.native``: the fields read off the text and cast, replays, conflicts, late
+trades and markers by a window and a small join over the partition, the row hashes by
+``row_hash``), and never crosses to Python; a partition holding anything else (an amendment,
+an amended close, a value the patterns do not vouch for) goes whole to the worker, unchanged,
+since its state spans the partition. One aggregate over the staged read decides which is
+which. ``tests/test_native.py`` holds the two paths to the same row for every message of the
+parity corpora and of hostile near-canonical values, and shows a looser pattern caught.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import NamedTuple
 
@@ -60,6 +73,7 @@ from settlement.contract import (
     TYPE_HEADER,
 )
 from settlement.spark.figures import row_hashes
+from settlement.spark.native import classify_native, native_columns
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
 
 # What the classifier returns per message (``classify_kafka_values``).
@@ -118,7 +132,10 @@ def parse_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> Pa
     return split_classified(classify_kafka_values(raw, max_value_bytes))
 
 
-def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> DataFrame:
+def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
+                          native: bool = False,
+                          cache: Callable[[DataFrame], DataFrame] | None = None
+                          ) -> DataFrame:
     """One row per message (``CLASSIFIED_SCHEMA``): its partition and offset, ``reason``
     (NULL when valid, else the consumer sites' dead-letter reason), the message type, the
     typed trade and close-marker fields, the raw bytes of a malformed message only (valid
@@ -128,15 +145,50 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) ->
     ``MISSING_TYPE_MEANS``), found by a column expression: only its bytes cross to Python,
     which decodes them as the sites do (``consumers.parse.message_type``).
     ``max_value_bytes`` None means no size limit.
+
+    With ``native`` (a close's ``SETTLE_NATIVE_TRADES``, off by default: see
+    docs/benchmarks.md), a Kafka partition whose messages are all canonical plain trades and
+    day's close markers is classified in the JVM (``settlement.spark.native``) and only the
+    other partitions cross to the Python worker. Which partitions those are is one aggregate
+    over the staged read; ``cache``, when given, persists the staged read (and returns it) so
+    that Kafka is fetched once: the caller unpersists it after the classified frame, not
+    before (Spark would drop that one's cache with it).
     """
-    staged = raw.select(
+    staged = stage(raw)
+    limit = max_value_bytes if max_value_bytes is not None else 2**62
+
+    def python(rows: DataFrame) -> DataFrame:
+        return rows.mapInArrow(partial(classify_arrow, max_bytes=limit), CLASSIFIED_SCHEMA)
+
+    if not native:
+        return python(staged)
+    if cache is not None:
+        staged = cache(staged)
+    # The typed fields are not cached with the read: a cache of them cost more to build
+    # (3.4-3.8 s for 200,000 messages) than computing them twice (0.5 s a pass).
+    marked = staged.select("*", *native_columns(limit))
+    # Per Kafka partition, whether every message is native: a handful of rows.
+    verdicts = marked.groupBy("kafka_partition").agg(
+        F.min(F.col("_native").cast(IntegerType())).alias("n")).collect()
+    native_parts = sorted(r["kafka_partition"] for r in verdicts if r["n"] == 1)
+    if not native_parts:
+        return python(staged)
+    in_native = F.col("kafka_partition").isin(native_parts)
+    fast = classify_native(marked.where(in_native))
+    if len(native_parts) == len(verdicts):
+        return fast  # no Python worker starts
+    return fast.unionByName(python(staged.where(~in_native)))
+
+
+def stage(raw: DataFrame) -> DataFrame:
+    """A Kafka batch as the classifiers read it: kafka_partition, kafka_offset, value and
+    the type header's bytes (``_kind``)."""
+    return raw.select(
         F.col("partition").cast(IntegerType()).alias("kafka_partition"),
         F.col("offset").cast(LongType()).alias("kafka_offset"),
         F.col("value"),
         _message_type(raw).alias("_kind"),
     )
-    limit = max_value_bytes if max_value_bytes is not None else 2**62
-    return staged.mapInArrow(partial(classify_arrow, max_bytes=limit), CLASSIFIED_SCHEMA)
 
 
 def split_classified(classified: DataFrame) -> ParsedBatch:
