@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from settlement.config import EMBEDDED_USERS
 from settlement.db import connect
 from settlement.services.postgres import read_pgpass
 from settlement.simulator.gateway import DayGenerator, SimulationSpec
@@ -217,7 +218,9 @@ def _texts(root: Path, skip: tuple[Path, ...] = (),
 def test_no_password_in_the_process_table_logs_reports_or_outputs(day: Day) -> None:
     settings = day.iso.settings
     passwords = read_pgpass(settings.pg_passfile)
-    assert len(passwords) == 5 and all(len(p) >= 24 for p in passwords.values())
+    # One login per component (the monitoring login included), each its own random secret.
+    assert set(passwords) == set(EMBEDDED_USERS.values())
+    assert all(len(p) >= 24 for p in passwords.values())
     # The end of day really ran under the watch: Spark's JVM was in the process table.
     assert any("org.apache.spark" in p or "pyspark" in p for p in day.processes)
     for line in day.processes:
