@@ -8,7 +8,7 @@
 #   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
 #
 # Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver-a/-b,
-# prometheus, alertmanager, pushgateway, postgres-exporter),
+# prometheus, alertmanager, pushgateway, postgres-exporter, airflow-exporter),
 # localhost and 127.0.0.1, plus the extra SANs given (DNS:name or IP:address) for hosts
 # clients reach from elsewhere. Idempotent: what exists is kept (delete DIR to re-issue).
 #
@@ -114,3 +114,5 @@ issue alertmanager 997
 issue pushgateway 997
 issue postgres-exporter 997 DNS:postgres-exporter-a DNS:postgres-exporter-b \
   DNS:postgres-exporter-site-a DNS:postgres-exporter-site-b
+# Each site's Airflow exporter (`settle airflow-exporter`, the application image's settle).
+issue airflow-exporter 10001 DNS:airflow-exporter-a DNS:airflow-exporter-b

@@ -60,7 +60,8 @@ def test_every_alert_is_unit_tested_has_a_severity_and_a_runbook_in_operations_m
     # What the issue asks for, by the alert that covers it.
     assert {"SiteHeartbeatStale", "ConsumerLagHigh", "DeadLettersRising", "PartitionStalled",
             "KafkaUnderReplicatedPartitions", "KafkaUnderMinIsr", "SettlementReplicaAbsent",
-            "SettlementReplicaLagging", "CloseNotPublished", "DrillOrSoakFailing"} <= set(names)
+            "SettlementReplicaLagging", "CloseNotPublished", "DrillOrSoakFailing",
+            "AirflowSchedulerDown", "AirflowUnreachable"} <= set(names)
     tests = RULES_TEST.read_text()
     anchors = _anchors(OPERATIONS.read_text())
     for alert in alerts:
@@ -91,6 +92,7 @@ def test_the_local_prometheus_scrapes_what_production_does_on_the_stacks_loopbac
     assert sorted(t["site"] for t in jobs["settle-site"]) == ["a", "b"]
     assert sorted(t["broker"] for t in jobs["kafka"]) == ["1", "2", "3"]
     assert {t["member"] for t in jobs["postgres"]} == set(envfile.PG_EXPORTER_PORTS)
+    assert sorted(t["site"] for t in jobs["airflow"]) == ["a", "b"]
     assert all(t.get("site") for targets in jobs.values() for t in targets), jobs
     # Locally every target is on loopback, on a port the stack declares.
     addresses = [target for job in local["scrape_configs"] for sc in job["static_configs"]
@@ -100,8 +102,10 @@ def test_the_local_prometheus_scrapes_what_production_does_on_the_stacks_loopbac
     assert all(a.startswith("127.0.0.1:") for a in addresses), addresses
     assert ports == {envfile.PROMETHEUS_PORT, envfile.ALERTMANAGER_PORT,
                      envfile.PUSHGATEWAY_PORT, *envfile.SITE_METRICS_PORTS.values(),
-                     *envfile.JMX_PORTS, *envfile.PG_EXPORTER_PORTS.values()}
+                     *envfile.JMX_PORTS, *envfile.PG_EXPORTER_PORTS.values(),
+                     *envfile.AIRFLOW_EXPORTER_PORTS.values()}
     # The exporters that speak HTTPS are scraped over it, verifying the stack's CA.
     for job in local["scrape_configs"]:
-        if job["job_name"] in ("postgres", "pushgateway", "alertmanager", "prometheus"):
+        if job["job_name"] in ("postgres", "pushgateway", "alertmanager", "prometheus",
+                               "airflow"):
             assert job["scheme"] == "https" and job["tls_config"]["ca_file"] == "/certs/ca.crt"

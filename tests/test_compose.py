@@ -254,6 +254,9 @@ OWN_TLS_FILES = {
     "pushgateway": {"pushgateway.crt", "pushgateway.key"},
     **{f"postgres-exporter-{server}": {"ca.crt", "postgres-exporter.crt", "postgres-exporter.key"}
        for server in ("a", "b", "site-a", "site-b")},
+    # Each site's Airflow exporter verifies its api-server and serves HTTPS.
+    **{f"airflow-exporter-{site}": {"ca.crt", "airflow-exporter.crt", "airflow-exporter.key"}
+       for site in SITES},
 }
 
 
@@ -895,3 +898,42 @@ def test_airflow_users_gives_each_login_one_role(site: str) -> None:
         assert _ref(_env(svc)[g.password_env]) == g.password_env
     assert svc["depends_on"][f"airflow-init-{site}"]["condition"] == \
         "service_completed_successfully"
+
+
+class _LocalLoader(yaml.SafeLoader):
+    """The local override's compose tags (!reset) read as plain values."""
+
+
+_LocalLoader.add_multi_constructor("!", lambda loader, _tag, node: (
+    loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode)
+    else loader.construct_sequence(node) if isinstance(node, yaml.SequenceNode)
+    else loader.construct_mapping(node)))
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_each_sites_airflow_exporter_watches_its_own_api_server_over_https(site: str) -> None:
+    """Prometheus's view of Airflow (issue 46): `settle airflow-exporter` at the site, in the
+    application image, asking that site's api-server (its internal URL, the stack's CA) and
+    serving HTTPS with its own key pair; on the local stack on loopback, on the port
+    Prometheus scrapes."""
+    from settlement.stack import envfile
+
+    name = f"airflow-exporter-{site}"
+    svc = SERVICES[name]
+    assert svc["labels"]["settle.site"] == site and svc["profiles"] == [f"site-{site}"]
+    assert svc["image"] == SERVICES["site-a"]["image"] and svc["restart"] == "unless-stopped"
+    cmd = [str(c) for c in svc["command"]]
+    assert cmd[:3] == ["airflow-exporter", "--site", site], cmd
+    url = cmd[cmd.index("--airflow-url") + 1]
+    internal = "AIRFLOW_INTERNAL_URL" if site == "a" else "AIRFLOW_B_INTERNAL_URL"
+    assert url == f"${{{internal}:-https://airflow-apiserver-{site}:8080}}", url
+    assert cmd[cmd.index("--tls-cert") + 1] == "/certs/airflow-exporter.crt"
+    assert cmd[cmd.index("--tls-key") + 1] == "/certs/airflow-exporter.key"
+    local = yaml.load((ROOT / "deploy/local/docker-compose.local.yml").read_text(),
+                      Loader=_LocalLoader)["services"][name]
+    assert local["network_mode"] == "host"
+    lcmd = [str(c) for c in local["command"]]
+    assert lcmd[:3] == cmd[:3] and "--tls-cert" in lcmd and "--tls-key" in lcmd, lcmd
+    assert lcmd[lcmd.index("--airflow-url") + 1] == f"${{{internal}}}"
+    assert lcmd[lcmd.index("--address") + 1] == "127.0.0.1"
+    assert int(lcmd[lcmd.index("--port") + 1]) == envfile.AIRFLOW_EXPORTER_PORTS[site]

@@ -11,6 +11,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -382,9 +383,10 @@ def _airflow_is_https_on_loopback_only(url: str) -> None:
 
 
 def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) -> None:
-    """Every scrape target healthy (each site, each broker, each PostgreSQL server, the
-    monitoring itself), the alert rules of deploy/prometheus/rules.yml loaded, the dashboard
-    rendered from live values, Alertmanager's API answering; all HTTPS on the stack's CA."""
+    """Every scrape target healthy (each site, each broker, each PostgreSQL server, each
+    site's Airflow, the monitoring itself), the alert rules of deploy/prometheus/rules.yml
+    loaded, the dashboard rendered from live values, Alertmanager's API answering; all HTTPS
+    on the stack's CA."""
     from collections import Counter
 
     import yaml
@@ -398,8 +400,8 @@ def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) ->
                      up["airflow_ca"])
     targets = wait_targets_up(mon, timeout=240)
     assert Counter(t.job for t in targets) == {"settle-site": 2, "kafka": 3, "postgres": 4,
-                                               "pushgateway": 1, "alertmanager": 1,
-                                               "prometheus": 1}, targets
+                                               "airflow": 2, "pushgateway": 1,
+                                               "alertmanager": 1, "prometheus": 1}, targets
     groups = yaml.safe_load((ROOT / "deploy/prometheus/rules.yml").read_text())["groups"]
     assert set(mon.alert_rules()) == {r["alert"] for g in groups for r in g["rules"]}
     # The exporters report what the rules read: a standby in the settlement cluster, the
@@ -408,6 +410,16 @@ def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) ->
                   "kafka_server_replicamanager_underminisrpartitioncount",
                   "settle_site_last_heartbeat_timestamp_seconds"):
         assert mon.prometheus("/api/v1/query", query=query)["result"], query
+    # Each site's Airflow answers its exporter, its scheduler alive and beating (a scrape or
+    # two after the targets are up: waited for).
+    deadline = time.monotonic() + 120
+    query = ('airflow_exporter_up == 1 and on(site) airflow_component_healthy'
+             '{component="scheduler"} == 1')
+    while {r["metric"]["site"] for r in mon.prometheus("/api/v1/query", query=query)[
+            "result"]} != {"a", "b"}:
+        assert time.monotonic() < deadline, mon.prometheus("/api/v1/query",
+                                                           query="{job=\"airflow\"}")
+        time.sleep(5)
     page = mon.fetch(f"{up['prometheus_url']}/consoles/settlement.html").decode()
     assert "on-call dashboard" in page and "postgres-a" in page and "error" not in page, page
     assert json.loads(mon.fetch(f"{up['alertmanager_url']}/api/v2/status"))["cluster"]

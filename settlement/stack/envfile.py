@@ -55,6 +55,8 @@ SITE_METRICS_PORTS = {"a": 27400, "b": 27401}
 JMX_PORTS = (27501, 27502, 27503)
 PG_EXPORTER_PORTS = {"postgres-a": 27187, "postgres-b": 27188, "postgres-site-a": 27189,
                      "postgres-site-b": 27190}
+# Each site's Airflow exporter (`settle airflow-exporter`, HTTPS).
+AIRFLOW_EXPORTER_PORTS = {"a": 27601, "b": 27602}
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
@@ -76,6 +78,8 @@ LISTEN_PORTS: dict[int, str] = {
     **{port: f"site {site.upper()}'s metrics" for site, port in SITE_METRICS_PORTS.items()},
     **{p: f"Kafka broker {i}'s JMX exporter" for i, p in enumerate(JMX_PORTS, 1)},
     **{port: f"PostgreSQL exporter of {server}" for server, port in PG_EXPORTER_PORTS.items()},
+    **{port: f"site {site.upper()}'s Airflow exporter (HTTPS)"
+       for site, port in AIRFLOW_EXPORTER_PORTS.items()},
 }
 # Where the api-server listens unless the .env says otherwise (AIRFLOW_BIND_ADDRESS, kept
 # across runs): loopback, so that logins, cookies and tokens stay on this machine.

@@ -135,6 +135,25 @@ def wait_targets_up(mon: Monitoring, timeout: float, tick: float = 3) -> list[Ta
         time.sleep(tick)
 
 
+def wait_alert_quiet(mon: Monitoring, site: str, alertname: str = HEARTBEAT_ALERT,
+                     timeout: float = 180.0, tick: float = 3.0) -> float | None:
+    """Waits until ``alertname`` for ``site`` is neither firing in Prometheus nor active in
+    Alertmanager: an earlier fault's alert (the stack drill keeps site-a's consumer down
+    through its close, then starts it) takes a scrape and an evaluation or two to resolve,
+    and a watch started on it would time the old alert, not the new fault's. The seconds
+    waited, or None if it was still active after ``timeout``."""
+    start = time.monotonic()
+    while True:
+        try:
+            if not mon.firing(alertname, site) and not mon.notified(alertname, site):
+                return round(time.monotonic() - start, 1)
+        except (OSError, ServiceError, ValueError):
+            pass  # Prometheus or Alertmanager not answering yet: asked again
+        if time.monotonic() - start > timeout:
+            return None
+        time.sleep(tick)
+
+
 @dataclass
 class AlertTimes:
     """Seconds from the fault (fired, notified) and from the site's restart (resolved)."""

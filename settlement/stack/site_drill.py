@@ -42,7 +42,7 @@ from settlement.stack.airflow_api import AirflowApi
 from settlement.stack.compose import Stack, airflow_api
 from settlement.stack.drill import DAG, publish_day, stack_settings
 from settlement.stack.engine import Log
-from settlement.stack.monitoring import AlertWatch, monitoring
+from settlement.stack.monitoring import AlertWatch, monitoring, wait_alert_quiet
 
 FAULTS = ("site-loss", "site-freeze")
 HOLDER_SITE = re.compile(r" site (\w+)$")
@@ -203,6 +203,12 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     before = sites.make_primary(stack, site, log)
     primary_before = sites.primary_site(stack)
     broker = sites.broker_of(stack, site)
+    # The site's heartbeat alert quiet before the fault (an earlier drill's may still be
+    # resolving), so that the watch below times this loss's alert.
+    mon = monitoring(stack)
+    quiet = wait_alert_quiet(mon, site)
+    if quiet is None:
+        log(f"site {site}'s heartbeat alert was still active before the kill")
     gateway, share = start_trading(stack, settings, trade_date, trades, seed, log)
     progress = wait_for_share(settings.ledger_dsn("shared"), site, share, kill_at,
                               timeout=600, trade_date=trade_date)
@@ -211,7 +217,7 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     sites.docker_all(["kill", "-s", "KILL"], victims)
     probe = sites.WriteProbe(sites.member_dsn(stack, survivor)).start(t_kill)
     # Prometheus and Alertmanager live at the witness: they must tell the loss.
-    alert = AlertWatch(monitoring(stack), site).start(t_kill)
+    alert = AlertWatch(mon, site).start(t_kill)
     log(f"killed site {site} ({', '.join(victims.services)}): {progress.describe()}")
     db_failover = probe.wait(300)
     log(f"the settlement database accepts writes at site {survivor} after {db_failover} s")
