@@ -52,13 +52,15 @@ def stack_settings(stack: Stack) -> Settings:
     )
 
 
-def publish_day(stack: Stack, trade_date: str, trades: int, seed: int) -> subprocess.Popen[str]:
+def publish_day(stack: Stack, trade_date: str, trades: int, seed: int,
+                rate: int | None = None) -> subprocess.Popen[str]:
     """The gateway container publishing the faulty day (in the background: sites consume it
-    as it arrives)."""
+    as it arrives), paced at ``rate`` trades/s if given."""
+    pace = ("--rate", str(rate)) if rate else ()
     cmd = stack.compose_argv(
         "--profile", "simulator", "run", "--rm", "--no-deps", "gateway",
         "simulate", "--date", trade_date, "--trades", str(trades), "--seed", str(seed),
-        "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.25", "--json")
+        "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.25", *pace, "--json")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=stack.root)
 

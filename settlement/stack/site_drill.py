@@ -176,14 +176,21 @@ def judge(settings: Settings, trade_date: str) -> dict[str, Any]:
             "closed_by": pubs.sites[-1] if pubs.sites else None}
 
 
+# A lost site's day is published over about this long: unpaced, an idle machine's site took
+# a 5,000-trade day's whole share in one poll, so the kill "at 40%" came after the last trade
+# (committed 1630 of 1630) and the survivor had nothing left to store (no ingest gap).
+LOSS_DAY_S = 60
+
+
 def start_trading(stack: Stack, settings: Settings, trade_date: str, trades: int,
-                  seed: int, log: Log) -> tuple[Any, dict[int, int]]:
+                  seed: int, log: Log, rate: int | None = None) -> tuple[Any, dict[int, int]]:
     shared = settings.ledger_dsn("shared")
     if not wait_for_owners({"a": shared, "b": shared}, timeout=180):
         raise ServiceError("site-a and site-b do not both own partitions: is the stack up "
                            "(make stack-up) and are both sites healthy?")
-    log(f"publishing {trades} trades for {trade_date} from the gateway container...")
-    return publish_day(stack, trade_date, trades, seed), day_share(
+    paced = f" at {rate} trades/s" if rate else ""
+    log(f"publishing {trades} trades for {trade_date} from the gateway container{paced}...")
+    return publish_day(stack, trade_date, trades, seed, rate), day_share(
         trade_date, trades, seed, settings.partitions)
 
 
@@ -209,7 +216,8 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     quiet = wait_alert_quiet(mon, site)
     if quiet is None:
         log(f"site {site}'s heartbeat alert was still active before the kill")
-    gateway, share = start_trading(stack, settings, trade_date, trades, seed, log)
+    gateway, share = start_trading(stack, settings, trade_date, trades, seed, log,
+                                   rate=max(1, trades // LOSS_DAY_S))
     progress = wait_for_share(settings.ledger_dsn("shared"), site, share, kill_at,
                               timeout=600, trade_date=trade_date)
     victims = sites.running_containers(site)
