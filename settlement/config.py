@@ -229,6 +229,13 @@ class Settings(BaseSettings):
     # Spark.
     spark_master: str = "local[2]"
     spark_driver_memory: str = "2g"
+    # The driver JVM a close starts (settlement.spark.jvm): an archive of the classes a close
+    # loads, built by the first close and mapped by every later one (next to jars_dir, in
+    # "jvm"); and for a small day (at most spark_small_day_rows rows; 0: never) the quick
+    # compiler alone and Spark's interpreted expressions instead of generated code. Each cut
+    # a small day's close by seconds (docs/benchmarks.md).
+    spark_class_archive: bool = True
+    spark_small_day_rows: int = Field(200_000, ge=0)
     # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
     # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
     spark_executor_memory: str = "768m"

@@ -351,7 +351,9 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     # own start-up is timed in its thread; what the close still waits for is
     # ``session_seconds``.
     started: dict[str, float] = {}
-    session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started)
+    jvm: dict[str, object] = {}
+    session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started,
+                            day_rows=choice.day_rows(), jvm_info=jvm)
     imports_t0 = time.perf_counter()
     from settlement.report import write_report
     from settlement.spark.io import read_day
@@ -380,6 +382,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         # What is left of the session's start once the steps above are done.
         spark = _timed(timings, "session", session.result)
         timings.update(started)
+        summary["jvm"] = jvm
         # Between steps: a close whose renewal found the lease lost stops here, not after
         # computing a day it may not publish.
         lease.ensure_held()

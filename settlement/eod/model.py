@@ -208,6 +208,14 @@ class SourceChoice:
                 "kafka_ranges": {str(p): list(r) for p, r in sorted(self.kafka_ranges.items())},
                 "ledgers": list(self.ledgers), "partitions": self.partitions, **known}
 
+    def day_rows(self) -> int:
+        """How many rows the close reads, about: the day's offsets in Kafka (each at most one
+        message), or the trades and amendments of the ledgers it reads."""
+        if self.source == "kafka":
+            return sum(end - start for start, end in self.kafka_ranges.values())
+        states = [self.states[n] for n in self.ledgers if n in self.states]
+        return sum(st.trades + st.amendments for st in states)
+
     def close_markers(self) -> dict[int, int]:
         """partition -> last_seq of the day, from the ledgers the run reads (or any)."""
         names = self.ledgers or tuple(self.states)

@@ -153,6 +153,11 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         # read_committed; Spark would call those gaps data loss. Real loss cannot hide: the
         # exchange sequence numbers are checked against the close markers afterwards.
         .option("failOnDataLoss", "false")
+        # The range is committed and on the brokers: a fetch that finds nothing is one at a
+        # range's end (where only transaction markers are left), and the broker's default
+        # 500 ms wait for more data there was 1.5 s of a small day's 2 s Kafka read (3
+        # waves of 2 tasks; docs/benchmarks.md). A fetch with data returns at once either way.
+        .option("kafka.fetch.max.wait.ms", "10")
         # No minPartitions/maxRecordsPerPartition: one task reads one Kafka partition, in
         # offset order, which is what lets the classifier dedupe without a shuffle.
         .load()

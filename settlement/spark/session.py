@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -29,6 +29,7 @@ from pyspark.sql.types import (
 )
 
 from settlement.config import Settings
+from settlement.spark.jvm import DriverJvm, driver_jvm, install_at_exit
 from settlement.spark.package import python_files
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
@@ -123,10 +124,48 @@ def _launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def _option(value: str) -> str:
+    # spark-submit splits spark.driver.extraJavaOptions on blanks, honouring double quotes.
+    return f'"{value}"' if " " in value else value
+
+
+# A small day's Spark: every query runs once over a few thousand rows, so compiling it
+# (whole-stage code generation, then Janino, then the JIT) costs more than it saves; Spark's
+# interpreted expressions compute the same values (its own tests hold the two to each other).
+# 1.2-1.5 s of a 2,000-trade close (docs/benchmarks.md).
+SMALL_DAY: dict[str, str] = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+# Spark's own defaults, set for any other day: a session this process reuses (a test's, a
+# benchmark's) may have run a small day before.
+LARGE_DAY: dict[str, str] = {
+    "spark.sql.codegen.wholeStage": "true",
+    "spark.sql.codegen.factoryMode": "FALLBACK",
+}
+
+
+def is_small_day(settings: Settings, day_rows: int | None) -> bool:
+    """A close's day of at most ``spark_small_day_rows`` rows (None: not a close)."""
+    return day_rows is not None and day_rows <= settings.spark_small_day_rows
+
+
+def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool) -> DriverJvm:
+    """The driver JVM's options (settlement.spark.jvm) for a session this process starts."""
+    folder = settings.jars_dir.parent / "jvm" if settings.spark_class_archive else None
+    bundled = bundled_jars_dir()
+    classpath = [*sorted(bundled.glob("*.jar")), *(Path(j) for j in jars)]
+    # spark-submit's configuration folder, first on the driver's class path.
+    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or bundled.parent / "conf")
+    return driver_jvm(folder, classpath, small_day, conf_dir)
+
+
 def build_session(
     settings: Settings,
     app_name: str = "settlement",
     conf: Mapping[str, str] | None = None,
+    day_rows: int | None = None,
+    jvm_info: dict[str, object] | None = None,
 ) -> SparkSession:
     """A SparkSession on ``settings.spark_master`` with the connector jars.
 
@@ -134,8 +173,15 @@ def build_session(
     the submitter's master and any setting it passed win; only what it left unset is added.
     If a session already runs in this process it is reused (its static settings, such as the
     master and jars, cannot change; SQL settings are applied to it).
+
+    A driver JVM this process starts maps the class archive (or builds it) and, for a day of
+    ``day_rows`` up to ``spark_small_day_rows``, runs the quick compiler alone
+    (settlement.spark.jvm); such a day's queries are interpreted (SMALL_DAY). ``jvm_info``
+    gets what was decided.
     """
+    small_day = is_small_day(settings, day_rows)
     wanted = dict(DEFAULTS)
+    wanted.update(SMALL_DAY if small_day else LARGE_DAY)
     if settings.spark_master.startswith("local"):
         # Executors live in this process: no reason to bind anything but loopback, and a
         # host name that does not resolve would otherwise stall start-up.
@@ -158,8 +204,6 @@ def build_session(
 
     builder = SparkSession.builder
     if _launched_by_spark_submit():
-        from pyspark import SparkContext
-
         # Connect to spark-submit's JVM first: before that SparkConf() is a plain Python dict
         # that knows none of the submitter's settings (so --name, --jars, --conf were
         # silently overridden).
@@ -168,14 +212,27 @@ def build_session(
         wanted = {k: v for k, v in wanted.items() if not existing.contains(k)}
     else:
         builder = builder.master(settings.spark_master)
+    jvm = None
+    if not _launched_by_spark_submit() and SparkContext._gateway is None:
+        # This process starts the JVM (no earlier session left one running).
+        jvm = plan_driver_jvm(settings, jars, small_day)
+        given = wanted.get("spark.driver.extraJavaOptions", "")
+        wanted["spark.driver.extraJavaOptions"] = " ".join(
+            [*(_option(o) for o in jvm.options), given]).strip()
     for key, value in wanted.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if jvm is not None:
+        install_at_exit(jvm, getattr(spark.sparkContext._gateway, "proc", None), spark.stop)
+    if jvm_info is not None:
+        jvm_info.update({"small_day": small_day, **(jvm.as_dict() if jvm else {})})
+    return spark
 
 
 def start_session(settings: Settings, app_name: str = "settlement",
                   conf: Mapping[str, str] | None = None,
-                  timings: dict[str, float] | None = None) -> Future[SparkSession]:
+                  timings: dict[str, float] | None = None, day_rows: int | None = None,
+                  jvm_info: dict[str, object] | None = None) -> Future[SparkSession]:
     """``build_session`` in a thread of its own, started now: the JVM is a process of its
     own, so it starts on another core while the caller goes on (a cold close imports Great
     Expectations and makes its GX project ready meanwhile). ``.result()`` is the session, or
@@ -192,7 +249,7 @@ def start_session(settings: Settings, app_name: str = "settlement",
 
     def started() -> SparkSession:
         t0 = time.perf_counter()
-        spark = build_session(settings, app_name, conf)
+        spark = build_session(settings, app_name, conf, day_rows, jvm_info)
         out["jvm_start_seconds"] = round(time.perf_counter() - t0, 3)
         return spark
 

@@ -1,0 +1,150 @@
+"""The close's driver JVM (settlement.spark.jvm): its options, the class archive's life cycle
+(claimed by one close, written under a temporary name, installed only after a clean exit),
+and a real Spark driver that builds the archive and a second one that maps it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from settlement.config import load_settings
+from settlement.spark import jvm as J
+from settlement.spark.session import LARGE_DAY, SMALL_DAY, is_small_day
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def jars(tmp_path: Path) -> list[Path]:
+    out = []
+    for name in ("a-1.0.jar", "b-2.0.jar"):
+        p = tmp_path / name
+        p.write_bytes(b"jar " + name.encode())
+        out.append(p)
+    return out
+
+
+def test_small_day_gets_the_quick_compiler_and_warnings_on_stderr(tmp_path, jars):
+    small = J.driver_jvm(None, jars, small_day=True)
+    large = J.driver_jvm(None, jars, small_day=False)
+    assert J.QUICK_JIT in small.options and J.QUICK_JIT not in large.options
+    # stdout carries a close's --json summary: the JVM's own warnings must not go there
+    for d in (small, large):
+        assert d.options[:2] == J.WARNINGS_TO_STDERR and d.archive == "off"
+
+
+def test_small_day_threshold():
+    s = load_settings(spark_small_day_rows=1000)
+    assert is_small_day(s, 1000) and not is_small_day(s, 1001) and not is_small_day(s, None)
+    assert not is_small_day(load_settings(spark_small_day_rows=0), 1)
+    assert SMALL_DAY.keys() == LARGE_DAY.keys()  # a reused session is always set back
+
+
+def test_first_close_builds_the_next_maps(tmp_path, jars):
+    folder = tmp_path / "jvm"
+    first = J.driver_jvm(folder, jars, small_day=False)
+    assert first.archive == "building" and first.building is not None
+    assert f"-XX:ArchiveClassesAtExit={first.building}" in first.options
+    assert first.building != first.archive_path  # never written where readers look
+    # a second close meanwhile neither waits nor writes: it runs without an archive
+    second = J.driver_jvm(folder, jars, small_day=False)
+    assert second.archive == "off" and not any("Archive" in o for o in second.options)
+    # the building JVM exits cleanly after writing its file: installed, lock released
+    proc = subprocess.Popen(["sh", "-c", f"cat >/dev/null; printf cds > '{first.building}'"],
+                            stdin=subprocess.PIPE)
+    assert J.install_archive(first, proc)
+    assert first.archive_path is not None and first.archive_path.read_text() == "cds"
+    assert not Path(f"{first.archive_path}.lock").exists() and not first.building.exists()
+    third = J.driver_jvm(folder, jars, small_day=False)
+    assert third.archive == "used"
+    assert f"-XX:SharedArchiveFile={first.archive_path}" in third.options
+
+
+def test_a_jvm_that_fails_installs_nothing(tmp_path, jars):
+    folder = tmp_path / "jvm"
+    d = J.driver_jvm(folder, jars, small_day=False)
+    assert d.building is not None and d.archive_path is not None
+    proc = subprocess.Popen(["sh", "-c", f"cat >/dev/null; printf half > '{d.building}'; exit 3"],
+                            stdin=subprocess.PIPE)
+    assert not J.install_archive(d, proc)
+    assert not d.archive_path.exists() and not d.building.exists()
+    # the lock is released: the next close tries again
+    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+
+
+def test_a_stale_lock_is_taken_over(tmp_path, jars):
+    folder = tmp_path / "jvm"
+    d = J.driver_jvm(folder, jars, small_day=False)
+    assert d.archive_path is not None
+    lock = Path(f"{d.archive_path}.lock")
+    old = time.time() - J.STALE_LOCK_SECONDS - 5
+    os.utime(lock, (old, old))
+    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+
+
+def test_key_follows_the_jars_and_old_archives_go(tmp_path, jars):
+    java = J.java_binary()
+    assert java is not None
+    before = J.archive_key(java, jars)
+    jars[0].write_bytes(b"another build of a")
+    assert J.archive_key(java, jars) != before
+    folder = tmp_path / "jvm"
+    folder.mkdir()
+    stale = folder / f"{J.PREFIX}0000000000000000.jsa"
+    stale.write_text("old")
+    d = J.driver_jvm(folder, jars, small_day=False)
+    assert d.archive == "building" and not stale.exists()
+
+
+def test_no_archive_with_files_in_the_conf_folder(tmp_path, jars):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    assert J.driver_jvm(tmp_path / "jvm", jars, False, conf).archive == "building"
+    (tmp_path / "jvm").joinpath(os.listdir(tmp_path / "jvm")[0]).unlink()  # the lock
+    (conf / "spark-defaults.conf").write_text("spark.x 1\n")
+    assert J.driver_jvm(tmp_path / "jvm2", jars, False, conf).archive == "off"
+
+
+SESSION = """
+import json
+from settlement.config import load_settings
+from settlement.spark.session import build_session
+info = {}
+spark = build_session(load_settings(), day_rows=10, jvm_info=info)
+assert spark.range(1000).selectExpr("sum(id) as s").first()["s"] == 499500
+print(json.dumps(info))
+"""
+
+
+def _driver(env: dict[str, str]) -> dict[str, object]:
+    res = subprocess.run([sys.executable, "-c", SESSION], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # the JVM's stdout is the process's: nothing of it may follow the summary line
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_real_driver_builds_the_archive_and_the_next_maps_it(tmp_path):
+    env = {**os.environ, "SETTLE_JARS_DIR": str(tmp_path / "jars")}
+    env.pop("SPARK_CONF_DIR", None)
+    first = _driver(env)
+    assert first == {"small_day": True, "jvm_class_archive": "building", "jvm_quick_jit": True}
+    archives = list((tmp_path / "jvm").glob("*.jsa"))
+    assert len(archives) == 1 and archives[0].stat().st_size > 10_000_000
+    assert not list((tmp_path / "jvm").glob("*.lock")) and not list(
+        (tmp_path / "jvm").glob("*.tmp"))
+    log = tmp_path / "classes.log"
+    env["SPARK_SUBMIT_OPTS"] = (env.get("SPARK_SUBMIT_OPTS", "")
+                                + f" -Xlog:class+load=info:file={log}").strip()
+    second = _driver(env)
+    assert second["jvm_class_archive"] == "used"
+    spark_classes = [ln for ln in log.read_text().splitlines()
+                     if " org.apache.spark.sql.SparkSession " in ln]
+    # Spark's classes came out of the archive, not out of its jars
+    assert spark_classes and "shared objects file (top)" in spark_classes[0], spark_classes
