@@ -235,7 +235,7 @@ class Settings(BaseSettings):
     # compiler alone and Spark's interpreted expressions instead of generated code. Each cut
     # a small day's close by seconds (docs/benchmarks.md).
     spark_class_archive: bool = True
-    spark_small_day_rows: int = Field(200_000, ge=0)
+    spark_small_day_rows: int = Field(50_000, ge=0)
     # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
     # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
     spark_executor_memory: str = "768m"

@@ -233,3 +233,29 @@ def test_a_batch_of_plain_trades_gets_the_verdicts_each_message_would(
     assert rows[3]["price"] == Decimal("1.5000") and rows[9]["_dup"]  # T-2 again: a replay
     assert [r["_kind"] for r in rows[8:]] == ["cancel", "trade", "cancel", "close", "cancel"]
     assert rows[8]["reason"] is None and rows[10]["_dup"] and rows[12]["reason"] is None
+
+
+def test_the_workers_module_agrees_with_the_classifiers_schema() -> None:
+    """settlement.spark.worker repeats what it must not import Spark's SQL types for."""
+    from settlement.spark import worker
+    from settlement.spark.parse import CLASSIFIED_SCHEMA
+
+    assert tuple(CLASSIFIED_SCHEMA.fieldNames()) == worker.CLASSIFIED_FIELDS
+    assert (S.PRICE.precision, S.PRICE.scale) == (worker.PRICE_PRECISION, worker.PRICE_SCALE)
+
+
+def test_a_worker_imports_no_settings_nor_sparks_sql_functions() -> None:
+    """What a Python worker imports to classify (its start is paid by every close; pandas
+    comes with pyarrow's first conversion of a list whatever this module does)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pyspark.worker; before = set(sys.modules); "
+            "import settlement.spark.worker, consumers.parse, consumers.runtime; "
+            "new = set(sys.modules) - before; "
+            "print(sorted(m for m in new if m.split('.')[0] in "
+            "('pydantic_settings', 'great_expectations') "
+            "or m in ('pyspark.sql.functions', 'settlement.config')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out == "[]", out

@@ -23,23 +23,20 @@ compared trade by trade in the drill-down, so a bucket can only differ because a
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from settlement.spark.rowhash import SEPARATOR
 from settlement.spark.session import local_frame
 
 # Seqs per bucket: a partition of a 10M-trade day on 12 partitions is 13 buckets, so one
 # lost trade makes the drill-down read 65,536 trades of the ledger, not the day.
 BUCKET_SEQS = 1 << 16
-# Between fields of the canonical row: the contract refuses control characters in text
-# (``settlement.contract.CONTROL_CHARS``), so no field can contain the separator.
-SEPARATOR = "\x1f"
 Bucket = tuple[int, int]  # (kafka_partition, bucket)
 FIGURES_SCHEMA = ("kafka_partition int, bucket long, trades long, lo long, hi long, "
                   "seq_hi long, seq_lo long, row_hi long, row_lo long")
@@ -70,31 +67,6 @@ def row_hash() -> tuple[Column, Column]:
     md5 = F.md5(text)
     return (F.conv(F.substring(md5, 1, 8), 16, 10).cast("long"),
             F.conv(F.substring(md5, 9, 8), 16, 10).cast("long"))
-
-
-def row_hashes(trade_id: Sequence[str | None], days: Sequence[int | None],
-               seq: Sequence[int | None], partition: Sequence[int],
-               symbol: Sequence[str | None], units: Sequence[int | None],
-               quantity: Sequence[int | None], buyer: Sequence[str | None],
-               seller: Sequence[str | None], micros: Sequence[int | None]
-               ) -> tuple[list[int | None], list[int | None]]:
-    """``row_hash`` of each row of these columns, in Python: the hash halves (high, low) of
-    the canonical row of each row with a trade id, None for the others. ``days``: the date as
-    days since 1970-01-01; ``units``: the price in 1/10,000; ``micros``: executed_at since
-    the epoch. A NULL field is left out of the text, as ``concat_ws`` leaves it (a cancel's
-    row has its id, date and seq only)."""
-    md5, sep = hashlib.md5, SEPARATOR
-    his: list[int | None] = [None] * len(trade_id)
-    los: list[int | None] = [None] * len(trade_id)
-    for i, fields in enumerate(zip(trade_id, days, seq, partition, symbol, units, quantity,
-                                   buyer, seller, micros, strict=True)):
-        if fields[0] is None:
-            continue
-        text = sep.join(map(str, fields) if None not in fields
-                        else [str(f) for f in fields if f is not None])
-        h = int.from_bytes(md5(text.encode()).digest()[:8], "big")
-        his[i], los[i] = h >> 32, h & 0xFFFFFFFF
-    return his, los
 
 
 def seq_hash(seq: Column) -> tuple[Column, Column]:
