@@ -112,9 +112,12 @@ def test_no_archive_with_files_in_the_conf_folder(tmp_path, jars):
 
 
 SESSION = """
-import json
+import json, sys
 from settlement.config import load_settings
+from settlement.spark.jvm import allow_building
 from settlement.spark.session import build_session
+if sys.argv[1] == "close":
+    allow_building()
 info = {}
 spark = build_session(load_settings(), day_rows=10, jvm_info=info)
 assert spark.range(1000).selectExpr("sum(id) as s").first()["s"] == 499500
@@ -122,8 +125,8 @@ print(json.dumps(info))
 """
 
 
-def _driver(env: dict[str, str]) -> dict[str, object]:
-    res = subprocess.run([sys.executable, "-c", SESSION], env=env, capture_output=True,
+def _driver(env: dict[str, str], kind: str = "close") -> dict[str, object]:
+    res = subprocess.run([sys.executable, "-c", SESSION, kind], env=env, capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     # the JVM's stdout is the process's: nothing of it may follow the summary line
@@ -133,6 +136,10 @@ def _driver(env: dict[str, str]) -> dict[str, object]:
 def test_a_real_driver_builds_the_archive_and_the_next_maps_it(tmp_path):
     env = {**os.environ, "SETTLE_JARS_DIR": str(tmp_path / "jars")}
     env.pop("SPARK_CONF_DIR", None)
+    # a process that is not one close (a test run, the demo) never builds: it would hold
+    # the lock until its own exit
+    assert _driver(env, "session")["jvm_class_archive"] == "off"
+    assert not (tmp_path / "jvm").exists() or not list((tmp_path / "jvm").iterdir())
     first = _driver(env)
     assert first == {"small_day": True, "jvm_class_archive": "building", "jvm_quick_jit": True}
     archives = list((tmp_path / "jvm").glob("*.jsa"))

@@ -59,8 +59,9 @@ from settlement.simulator.gateway import (
     SimulationSpec,
     malformed_message,
 )
-from settlement.spark.figures import BUCKET_SEQS, figures, row_hash, row_hashes
+from settlement.spark.figures import BUCKET_SEQS, figures, row_hash
 from settlement.spark.parse import classify_kafka_values
+from settlement.spark.rowhash import row_hashes
 from settlement.spark.schemas import TRADE_SCHEMA
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.strategies import (

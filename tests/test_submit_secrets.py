@@ -95,3 +95,31 @@ def test_a_dsn_without_a_password_keeps_its_own_pgpass_file(tmp_path: Path) -> N
     assert split_password(embedded, str(tmp_path / "pgpass")) == (embedded, None)
     env = secure_env({"SETTLE_PG_DSN": embedded}, "local[2]", "client", tmp_path, None)
     assert env["SETTLE_PG_DSN"] == embedded and not (tmp_path / "pgpass").exists()
+
+
+@pytest.mark.parametrize(("master", "mode"), [
+    ("local[2]", "client"), ("k8s://https://k8s.example:6443", "cluster")])
+def test_a_driver_in_spark_submit_shares_the_class_archive(
+        master: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DAG's spark-submit builds the class archive the CLI's closes map (the same key),
+    or maps it; the DAG's own driver options stay. A remote driver gets none."""
+    from settlement.orchestration.operators import driver_archive
+    from settlement.spark.jvm import finish_archive
+
+    settings = load_settings(spark_master=master, jars_dir=tmp_path / "jars")
+    hook = _hook(master, mode, monkeypatch)
+    hook._conf = {"spark.driver.extraJavaOptions": "-Dmine=1"}
+    jvm = driver_archive(hook, settings)
+    text = " ".join(hook._build_spark_submit_command("job.py"))
+    if mode == "cluster":
+        assert jvm is None and "Archive" not in text
+        return
+    assert jvm.archive == "building" and f"-XX:ArchiveClassesAtExit={jvm.building}" in text
+    assert "-Dmine=1" in text
+    jvm.building.write_bytes(b"archive")  # what the driver JVM writes at its exit
+    assert finish_archive(jvm, exited_cleanly=True)
+    again = _hook(master, mode, monkeypatch)
+    used = driver_archive(again, settings)
+    assert used.archive == "used" and used.archive_path == jvm.archive_path
+    assert f"-XX:SharedArchiveFile={jvm.archive_path}" in " ".join(
+        again._build_spark_submit_command("job.py"))

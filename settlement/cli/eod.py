@@ -47,7 +47,9 @@ def register(sub: Subparsers) -> None:
 
 def cmd_eod(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.close.pipeline import run_eod
+    from settlement.spark.jvm import allow_building
 
+    allow_building()  # this process is the close: its JVM may write the class archive
     if args.reclose and args.only_if_unsettled:
         raise ConfigError("--reclose settles a settled day again: it cannot be combined "
                            "with --only-if-unsettled")

@@ -36,16 +36,48 @@ class SettlementSparkSubmitOperator(SparkSubmitOperator):
             self.py_files = ",".join(x for x in (self.py_files, py_files) if x)
             self.conf = {**extra, **(self.conf or {})}
         self._run_dir = Path(tempfile.mkdtemp(prefix="settle-submit-"))  # 0700
+        self._jvm = None
+        ok = False
         try:
             super().execute(context)
+            ok = True
         finally:
             shutil.rmtree(self._run_dir, ignore_errors=True)
+            if self._jvm is not None:
+                from settlement.spark.jvm import finish_archive
+
+                # spark-submit has returned: its driver JVM wrote the archive at its exit
+                finish_archive(self._jvm, ok)
 
     def _get_hook(self) -> SparkSubmitHook:
         hook = super()._get_hook()
         if getattr(self, "_run_dir", None) is not None:  # set by execute()
             secure_hook(hook, self._settings, self._run_dir)
+            if self._jvm is None:  # one decision (and one claim of the lock) per run
+                self._jvm = driver_archive(hook, self._settings)
         return hook
+
+
+def driver_archive(hook: SparkSubmitHook, settings: Any) -> Any:
+    """A driver that runs in the spark-submit process maps the class archive the CLI's
+    closes share (settlement.spark.jvm), or builds it: the option joins the job's
+    spark.driver.extraJavaOptions. Returns the decision (None for a remote driver, which
+    starts on another machine)."""
+    from settlement.orchestration.submit_secrets import remote_driver
+    from settlement.spark.session import plan_driver_jvm, spark_jars, with_driver_options
+
+    conn = hook._connection
+    if remote_driver(conn["master"], conn.get("deploy_mode")):
+        return None
+    # The day's size is not known here (the job chooses its source itself): the JIT stays
+    # the JVM's default. The same key as the CLI's: --jars load in a class loader of their
+    # own, so the driver's class path is Spark's either way.
+    jvm = plan_driver_jvm(settings, spark_jars(settings), small_day=False)
+    conf = dict(hook._conf or {})
+    conf["spark.driver.extraJavaOptions"] = with_driver_options(
+        jvm, conf.get("spark.driver.extraJavaOptions"))
+    hook._conf = conf
+    return jvm
 
 
 def secure_hook(hook: SparkSubmitHook, settings: Any, run_dir: Path) -> None:

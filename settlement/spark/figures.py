@@ -14,11 +14,11 @@ joining it both ways.
 
 The canonical row and the hash are written three times: for Spark (``row_hash``), for
 PostgreSQL (``sql/queries/ledger.sql``, ``day_figures``), and in Python for the Kafka
-classifier's workers (``row_hashes``: the day's hashes come with its verdicts, where the
-fields are at hand already, and the counting pass only sums them; Spark's expression cost the
-2M day's counting pass 3.8-5.8 s). ``tests/test_parity.py`` holds all three to the same hashes
-on the adversarial corpus stored in a real ledger. Every hashed field is
-compared trade by trade in the drill-down, so a bucket can only differ because a trade does.
+classifier's workers (``settlement.spark.rowhash.row_hashes``: the day's hashes come with its
+verdicts, where the fields are at hand already, and the counting pass only sums them; Spark's
+expression cost the 2M day's counting pass 3.8-5.8 s). ``tests/test_parity.py`` holds all
+three to the same hashes on the adversarial corpus stored in a real ledger. Every hashed field
+is compared trade by trade in the drill-down, so a bucket can only differ because a trade does.
 """
 
 from __future__ import annotations

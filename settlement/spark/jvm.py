@@ -50,6 +50,23 @@ DUMP_WAIT_SECONDS = 180.0
 PREFIX = "driver-"
 
 
+_building_allowed = False
+
+
+def allow_building() -> None:
+    """This process is one close that ends when the close does (``settle eod``, the
+    spark-submit job): a driver JVM it starts may build a missing archive, written at its
+    exit. Other processes (a test run, the demo, a benchmark) only map one: an archive they
+    built would come at their exit only, their lock keeping every close from building it
+    meanwhile."""
+    global _building_allowed
+    _building_allowed = True
+
+
+def building_allowed() -> bool:
+    return _building_allowed
+
+
 @dataclass(frozen=True)
 class DriverJvm:
     """What ``driver_jvm`` decided: the options, and how the archive is used."""
@@ -118,15 +135,15 @@ def holds_files(folder: Path) -> bool:
 
 
 def driver_jvm(folder: Path | None, classpath: Sequence[Path], small_day: bool,
-               conf_dir: Path | None = None) -> DriverJvm:
+               conf_dir: Path | None = None, may_build: bool = True) -> DriverJvm:
     """The driver's options, the quick compiler alone for a ``small_day``.
 
     ``folder`` holds the archives (None: no archive). An existing archive for this JVM and
     class path is mapped; with none, this JVM builds it unless another close is building
-    it already. ``conf_dir`` is Spark's configuration folder, which spark-submit puts first
-    on the class path: the JVM neither writes nor maps an archive while a directory on its
-    class path holds files ("Cannot have non-empty directory in paths"), so then there is
-    none."""
+    it already or ``may_build`` is False (see ``allow_building``). ``conf_dir`` is Spark's
+    configuration folder, which spark-submit puts first on the class path: the JVM neither
+    writes nor maps an archive while a directory on its class path holds files ("Cannot have
+    non-empty directory in paths"), so then there is none."""
     options: list[str] = list(WARNINGS_TO_STDERR)
     if small_day:
         options.append(QUICK_JIT)
@@ -136,6 +153,8 @@ def driver_jvm(folder: Path | None, classpath: Sequence[Path], small_day: bool,
     archive = folder / f"{PREFIX}{archive_key(java, classpath)}.jsa"
     if archive.is_file():
         return DriverJvm((*options, f"-XX:SharedArchiveFile={archive}"), "used", archive)
+    if not may_build:
+        return DriverJvm(tuple(options), "off")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -171,15 +190,32 @@ def install_archive(jvm: DriverJvm, proc: subprocess.Popen[bytes] | None,
             code = proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             return False
-        if code == 0 and jvm.building.is_file() and jvm.building.stat().st_size > 0:
-            os.replace(jvm.building, jvm.archive_path)
-            return True
-        return False
+        return finish_archive(jvm, code == 0)
     finally:
         with contextlib.suppress(OSError):
             jvm.building.unlink()
         with contextlib.suppress(OSError):
             lock.unlink()
+
+
+def finish_archive(jvm: DriverJvm, exited_cleanly: bool) -> bool:
+    """Once the building JVM has exited (a spark-submit that returned, or after
+    ``install_archive``'s wait): rename its archive into place if it exited cleanly and wrote
+    one; release the lock either way. True when the archive was installed."""
+    if jvm.building is None or jvm.archive_path is None:
+        return False
+    try:
+        if exited_cleanly and jvm.building.is_file() and jvm.building.stat().st_size > 0:
+            os.replace(jvm.building, jvm.archive_path)
+            return True
+        return False
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            jvm.building.unlink()
+        with contextlib.suppress(OSError):
+            Path(f"{jvm.archive_path}.lock").unlink()
 
 
 def install_at_exit(jvm: DriverJvm, proc: subprocess.Popen[bytes] | None,

@@ -8,7 +8,7 @@ and UTC timestamps converted by Arrow's C casts, never through a float). So a si
 end of day cannot disagree about a message, and ``tests/test_parity.py`` checks what is left
 to disagree about: the typed values against what PostgreSQL makes of a site's COPY line.
 The worker also hashes each trade's canonical row for validation's checksums
-(``settlement.spark.figures.row_hashes``): the fields are at hand there, and Spark's own
+(``settlement.spark.rowhash.row_hashes``): the fields are at hand there, and Spark's own
 expression of the hash cost the 2M day's counting pass 3.8-5.8 s.
 
 This replaced a classifier of Spark column expressions (``from_json``, a regex per rule and
@@ -95,7 +95,7 @@ CLASSIFIED_SCHEMA = StructType([
     # cancel fills trade_id, trade_date and seq only).
     StructField("_version", IntegerType()),  # a correction's
     StructField("_note", StringType()),  # a cancel's reason
-    # The canonical row's hash halves (``settlement.spark.figures.row_hashes``) of a row with
+    # The canonical row's hash halves (``settlement.spark.rowhash.row_hashes``) of a row with
     # a trade id: validation's checksums, taken where the fields are at hand already.
     StructField("_row_hi", LongType()),
     StructField("_row_lo", LongType()),

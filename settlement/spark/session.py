@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 
 from settlement.config import Settings
-from settlement.spark.jvm import DriverJvm, driver_jvm, install_at_exit
+from settlement.spark.jvm import DriverJvm, building_allowed, driver_jvm, install_at_exit
 from settlement.spark.package import python_files
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
@@ -150,14 +150,21 @@ def is_small_day(settings: Settings, day_rows: int | None) -> bool:
     return day_rows is not None and day_rows <= settings.spark_small_day_rows
 
 
-def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool) -> DriverJvm:
+def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool,
+                    may_build: bool = True) -> DriverJvm:
     """The driver JVM's options (settlement.spark.jvm) for a session this process starts."""
     folder = settings.jars_dir.parent / "jvm" if settings.spark_class_archive else None
     bundled = bundled_jars_dir()
     classpath = [*sorted(bundled.glob("*.jar")), *(Path(j) for j in jars)]
     # spark-submit's configuration folder, first on the driver's class path.
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or bundled.parent / "conf")
-    return driver_jvm(folder, classpath, small_day, conf_dir)
+    return driver_jvm(folder, classpath, small_day, conf_dir, may_build)
+
+
+def with_driver_options(jvm: DriverJvm, given: str | None) -> str:
+    """spark.driver.extraJavaOptions: ``jvm``'s options, then those already ``given`` (a
+    deployment's own come last and so win)."""
+    return " ".join([*(_option(o) for o in jvm.options), given or ""]).strip()
 
 
 def build_session(
@@ -215,10 +222,9 @@ def build_session(
     jvm = None
     if not _launched_by_spark_submit() and SparkContext._gateway is None:
         # This process starts the JVM (no earlier session left one running).
-        jvm = plan_driver_jvm(settings, jars, small_day)
-        given = wanted.get("spark.driver.extraJavaOptions", "")
-        wanted["spark.driver.extraJavaOptions"] = " ".join(
-            [*(_option(o) for o in jvm.options), given]).strip()
+        jvm = plan_driver_jvm(settings, jars, small_day, may_build=building_allowed())
+        wanted["spark.driver.extraJavaOptions"] = with_driver_options(
+            jvm, wanted.get("spark.driver.extraJavaOptions"))
     for key, value in wanted.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -23,6 +23,7 @@ sys.path[:] = [p for p in sys.path
 
 from settlement.close.pipeline import run_eod  # noqa: E402 - after the path fix
 from settlement.config import check_date, load_settings  # noqa: E402 - after the path fix
+from settlement.spark.jvm import allow_building  # noqa: E402 - after the path fix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="yes: a date already published by a passing run since its close "
                          "markers is not settled again (the DAG's runs unless rerun=true)")
     args = ap.parse_args(argv)
+    # The driver JVM is spark-submit's own, already started: the Airflow operator chose its
+    # archive options (orchestration.operators.driver_archive). Allowed for a session this
+    # process would start itself all the same: it is one close.
+    allow_building()
     # A close of the date in progress elsewhere is joined: its outcome is printed instead.
     out = run_eod(load_settings(), args.date, source=args.source, validate=not args.no_validate,
                   reason=args.reason, accept_incomplete=args.accept_incomplete or None,
