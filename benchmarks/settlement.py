@@ -1,7 +1,7 @@
 """End-of-day settlement throughput from each source, against one SQL GROUP BY.
 
     .venv/bin/python benchmarks/settlement.py [--trades 2000,1000000[,10000000]]
-        [--modes process,warm] [--native on,off]
+        [--modes process,warm] [--native on,off] [--jvm on,off]
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
@@ -9,7 +9,8 @@ a private ledger, then time in the same run
           process, cold (a new interpreter, JVM, Spark session and Great Expectations
           context), wall seconds, with each step's seconds from its JSON and where the fixed
           cost went (`before_close_seconds`: interpreter and imports until the close began;
-          `session_seconds`: JVM and Spark session start; the rest: exit)
+          `session_seconds`: JVM and Spark session start; the rest: exit); with --jvm off
+          also without the close's class archive and small-day settings (`*_jvm_off`)
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DATE = "2026-11-24"
+# The close's JVM without issue 44's class archive and small-day settings.
+JVM_OFF = {"SETTLE_SPARK_CLASS_ARCHIVE": "false", "SETTLE_SPARK_SMALL_DAY_ROWS": "0"}
 SQL_NETTING = """
 select account, symbol, sum(bq), sum(sq), sum(bq) - sum(sq), sum(ba), sum(sa),
        sum(sa) - sum(ba), count(*)
@@ -86,7 +89,7 @@ def cold_close(env: dict[str, str], source: str, n: int, group_by: float) -> dic
     assert out["trades"] == n and out["validation_success"], out.get("validation")
     t = out["timings"]
     return {"seconds": round(secs, 2), "vs_group_by": round(secs / group_by, 2),
-            "timings": t,
+            "jvm": out.get("jvm"), "timings": t,
             "fixed": {"before_close": t.get("before_close_seconds"),
                       "session": t.get("session_seconds"),
                       "validate": t.get("validate_seconds"),
@@ -170,7 +173,7 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
 
 
 def one_size(spark: SparkSession | None, base: Settings, n: int,
-             modes: set[str], native: set[str]) -> dict[str, Any]:
+             modes: set[str], native: set[str], jvm: set[str]) -> dict[str, Any]:
     s, env = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -193,10 +196,17 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
             # The Kafka close with the native classifier of plain trades
             # (SETTLE_NATIVE_TRADES=true) and without it (the default), one after the other
             # on the same day.
-            runs = [(f"process_kafka{suffix}", "kafka", {"SETTLE_NATIVE_TRADES": flag})
-                    for flag, suffix, on in (("true", "_native", "on"), ("false", "", "off"))
-                    if on in native]
-            for key, source, extra in [*runs, ("process_db", "db", {})]:
+            # And with the close's JVM as it was before issue 44's class archive and small-day
+            # settings (--jvm off: key suffix _jvm_off), for a comparison in the same run.
+            runs = []
+            for jvm_mode in sorted(jvm, reverse=True):  # "on" first
+                jsuffix, jenv = ("", {}) if jvm_mode == "on" else ("_jvm_off", JVM_OFF)
+                runs += [(f"process_kafka{suffix}{jsuffix}", "kafka",
+                          {"SETTLE_NATIVE_TRADES": flag, **jenv})
+                         for flag, suffix, on in (("true", "_native", "on"),
+                                                  ("false", "", "off")) if on in native]
+                runs.append((f"process_db{jsuffix}", "db", jenv))
+            for key, source, extra in runs:
                 print(f"[{n}] settle eod --source {source} {extra} (a process)...",
                       file=sys.stderr, flush=True)
                 out[key] = cold_close({**env, **extra}, source, n,
@@ -233,6 +243,10 @@ def main() -> None:
     ap.add_argument("--modes", default="process,warm",
                     help="process: `settle eod` as a cold process; warm: in this process's "
                          "started Spark session")
+    ap.add_argument("--jvm", default="on",
+                    help="on, off or on,off: the process closes with the close's JVM settings "
+                         "(class archive, small-day settings: the default), without them "
+                         "(keys ending _jvm_off), or both in the same run")
     ap.add_argument("--native", default="off",
                     help="off, on or on,off: the process Kafka close without the native "
                          "classifier of plain trades (the default), with it "
@@ -241,6 +255,9 @@ def main() -> None:
     native = {m.strip() for m in args.native.split(",") if m.strip()}
     if not native or not native <= {"on", "off"}:
         ap.error(f"--native: expected on and/or off, got {args.native!r}")
+    jvm = {m.strip() for m in args.jvm.split(",") if m.strip()}
+    if not jvm or not jvm <= {"on", "off"}:
+        ap.error(f"--jvm: expected on and/or off, got {args.jvm!r}")
     sizes = [int(x) for x in args.trades.split(",")]
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     if not modes <= {"process", "warm"}:
@@ -253,7 +270,7 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(spark, base, n, modes, native) for n in sizes]
+        results = [one_size(spark, base, n, modes, native, jvm) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

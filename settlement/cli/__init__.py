@@ -95,4 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, default=str), flush=True)
     elif code == 0 and not args.prints_own:
         print_human(result)
+    if argv is None and getattr(args, "exit_now", False):
+        # This process is the command (the entry point passes no argv): a close ends here,
+        # without the interpreter's teardown (settlement.procexit).
+        from settlement.procexit import exit_now
+
+        exit_now(code)
     return code

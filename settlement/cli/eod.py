@@ -19,6 +19,7 @@ from settlement.config import ConfigError, Settings
 def register(sub: Subparsers) -> None:
     sp = add_command(sub, "eod", "end-of-day settlement of one trade date (then validation "
                                  "and report)", cmd_eod)
+    sp.set_defaults(exit_now=True)  # a one-shot process: no interpreter teardown
     sp.add_argument("--date", type=date, required=True, help="trade date YYYY-MM-DD")
     sp.add_argument("--source", choices=["auto", "kafka", "db"], default="auto",
                     help="auto: Kafka if it holds the whole day, else the ledger database")
