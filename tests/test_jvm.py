@@ -155,3 +155,13 @@ def test_a_real_driver_builds_the_archive_and_the_next_maps_it(tmp_path):
                      if " org.apache.spark.sql.SparkSession " in ln]
     # Spark's classes came out of the archive, not out of its jars
     assert spark_classes and "shared objects file (top)" in spark_classes[0], spark_classes
+
+
+def test_a_jvm_that_never_started_releases_the_lock(tmp_path, jars):
+    """build_session's getOrCreate failed: no JVM will write the archive."""
+    folder = tmp_path / "jvm"
+    d = J.driver_jvm(folder, jars, small_day=False)
+    assert d.archive == "building" and d.archive_path is not None
+    assert not J.finish_archive(d, exited_cleanly=False)
+    assert not Path(f"{d.archive_path}.lock").exists() and not d.archive_path.exists()
+    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"

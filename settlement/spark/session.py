@@ -29,7 +29,13 @@ from pyspark.sql.types import (
 )
 
 from settlement.config import Settings
-from settlement.spark.jvm import DriverJvm, building_allowed, driver_jvm, install_at_exit
+from settlement.spark.jvm import (
+    DriverJvm,
+    building_allowed,
+    driver_jvm,
+    finish_archive,
+    install_at_exit,
+)
 from settlement.spark.package import python_files
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
@@ -227,7 +233,12 @@ def build_session(
             jvm, wanted.get("spark.driver.extraJavaOptions"))
     for key, value in wanted.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except BaseException:
+        if jvm is not None:  # no JVM to write the archive: its lock is free again
+            finish_archive(jvm, exited_cleanly=False)
+        raise
     if jvm is not None:
         install_at_exit(jvm, getattr(spark.sparkContext._gateway, "proc", None), spark.stop)
     if jvm_info is not None:
