@@ -233,9 +233,12 @@ class Settings(BaseSettings):
     # loads, built by the first close and mapped by every later one (next to jars_dir, in
     # "jvm"); and for a small day (at most spark_small_day_rows rows; 0: never) the quick
     # compiler alone and Spark's interpreted expressions instead of generated code. Each cut
-    # a small day's close by seconds (docs/benchmarks.md).
+    # a small day's close by seconds (docs/benchmarks.md). A small day is also read by the
+    # driver itself and handed to Spark as a frame in memory (settlement.spark.smallday),
+    # unless spark_small_day_driver_read is off.
     spark_class_archive: bool = True
     spark_small_day_rows: int = Field(50_000, ge=0)
+    spark_small_day_driver_read: bool = True
     # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
     # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
     spark_executor_memory: str = "768m"

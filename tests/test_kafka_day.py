@@ -126,6 +126,21 @@ def test_finds_each_day_of_a_multi_day_log_by_search() -> None:
         assert log.probes < 80, log.probes  # a search, not a scan
 
 
+def test_a_late_trade_right_after_the_close_does_not_hide_the_next_day() -> None:
+    # A trade of D-1 that arrives after D-1's close marker, before D's first trade: the first
+    # message of D's range is not D's, yet the range is D's (the late trade is its dead
+    # letter). The search once reported "holds no message of D" and the close fell back.
+    records: dict[int, _Msg] = {}
+    at = _day(records, 0, "2026-11-23", 300)
+    for k in range(3):
+        records[at + k] = _Msg(at + k, _trade("2026-11-23", 9_000 + k, f"late-{k}"),
+                               TRADE_HEADERS)
+    end = _day(records, at + 3, "2026-11-24", 500)
+    found = locate_in_partition(_partition(records, end), 0, "2026-11-24", recorded=None,
+                                previous=None)
+    assert (found.start, found.end, found.last_seq) == (at - 1, end - 1, 500)
+
+
 def test_a_day_at_the_log_start_is_found_by_one_probe_of_its_start() -> None:
     # A topic's first day (or the first retained) starts at the log start: the search for
     # its start is one probe there, not a binary search over the whole partition.

@@ -388,6 +388,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         lease.ensure_held()
         say(f"reading the day from {choice.source}")
         read = _timed(timings, "read", lambda: read_day(spark, settings, choice, trade_date))
+        summary["read_by"] = read.read_by
         lease.ensure_held()
         say("settling (dedupe and netting)")
         settled = _timed(timings, "settle",

@@ -219,8 +219,10 @@ def locate_in_partition(log: PartitionLog, low: int, day: str,
         return DayInPartition(start, recorded + 1, d.seq or 0, "ledger")
     start = _day_start(log, low, day)
     w = log.window_at(start)
-    first = w.first if w is not None else None
-    if first is None or first.day != day:
+    # The day's first message, not the window's: late trades of the day before (after its
+    # close marker, before this day's first trade) come first there.
+    first = next((d for d in (w.messages if w is not None else ()) if d.day == day), None)
+    if first is None:
         raise NotLocated(f"partition {log.p} holds no message of {day} in Kafka")
     if start == low and low > 0 and first.kind == TRADE and first.seq != 1:
         raise NotLocated(

@@ -20,10 +20,11 @@ from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
 from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import parse as P
+from settlement.spark import smallday
 from settlement.spark import transforms as T
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
-from settlement.spark.session import local_frame, persist_sized
+from settlement.spark.session import is_small_day, local_frame, persist_sized
 
 # A cached verdict of a plain trade, uncompressed: 288 MiB for the 2M day's 2,000,006 rows
 # (measured with Spark's storage info, row hashes included), rounded up.
@@ -117,27 +118,46 @@ class DayRead:
     # settlement applies to ``trades``; Kafka: their figures per bucket (seq coverage).
     amendments: DataFrame | None = None
     amendment_figures: list[tuple[int, ...]] | None = None
+    # Who read the day: "spark" (its Kafka or JDBC reader) or "driver" (a small day,
+    # settlement.spark.smallday).
+    read_by: str = "spark"
 
     def release(self) -> None:
         for df in self.cached:
             df.unpersist()
 
 
-def read_day(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
-             ) -> DayRead:
-    """The day from the source the chooser picked."""
+def read_day(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str,
+             driver_read: bool | None = None) -> DayRead:
+    """The day from the source the chooser picked. ``driver_read``: the day read by the
+    driver (settlement.spark.smallday) or by Spark's readers; None: by the driver when the
+    day is small and ``spark_small_day_driver_read`` is on."""
+    if driver_read is None:
+        driver_read = driver_reads(settings, choice)
     if choice.source == "kafka":
-        return read_kafka(spark, settings, choice, trade_date)
-    return read_db(spark, settings, choice, choice.ledgers, trade_date)
+        return read_kafka(spark, settings, choice, trade_date, driver_read)
+    return read_db(spark, settings, choice, choice.ledgers, trade_date, driver_read)
+
+
+def driver_reads(settings: Settings, choice: SourceChoice) -> bool:
+    """Whether the driver reads the day itself: a small day, the switch on."""
+    # A ledger the chooser could not count is not known to be small.
+    counted = choice.source == "kafka" or all(n in choice.states for n in choice.ledgers)
+    return (settings.spark_small_day_driver_read and counted
+            and is_small_day(settings, choice.day_rows()))
 
 
 def _on_date(df: DataFrame, trade_date: str) -> DataFrame:
     return df.where(F.col("trade_date") == F.lit(trade_date).cast("date"))
 
 
-def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str
-               ) -> DayRead:
-    """The day's bounded offset range, read_committed."""
+def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, trade_date: str,
+               driver_read: bool = False) -> DayRead:
+    """The day's bounded offset range, read_committed: by Spark's Kafka source, or with
+    ``driver_read`` by the driver (a small day)."""
+    if driver_read:
+        return _kafka_read(spark, smallday.kafka_day(spark, settings, choice.kafka_ranges),
+                           [], trade_date, "driver")
     topic = settings.topic
     starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
     ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}
@@ -175,6 +195,12 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         spark, P.classify_kafka_values(raw, settings.max_message_bytes,
                                        native=settings.native_trades, cache=keep),
         offsets, VERDICT_ROW_BYTES)
+    return _kafka_read(spark, classified, staged, trade_date)
+
+
+def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFrame],
+                trade_date: str, read_by: str = "spark") -> DayRead:
+    """What a Kafka read hands the settlement, from its classified messages."""
     facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
@@ -188,7 +214,7 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         parsed.trades, cached=[classified, *staged], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
         figures=facts.figures, copies_agree=True, other_dates=facts.other_dates,
-        amendments=amendments, amendment_figures=facts.amendment_figures)
+        amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by)
 
 
 @dataclass
@@ -305,9 +331,12 @@ def ledger_amendments(spark: SparkSession, settings: Settings, choice: SourceCho
 
 
 def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
-            ledgers: tuple[str, ...], trade_date: str) -> DayRead:
-    """The ledger(s); a union of two when no single ledger is complete."""
-    frames = {name: read_ledger(spark, settings, choice, name, trade_date) for name in ledgers}
+            ledgers: tuple[str, ...], trade_date: str, driver_read: bool = False) -> DayRead:
+    """The ledger(s); a union of two when no single ledger is complete. ``driver_read``: each
+    ledger's day by one query of the driver (a small day), not by Spark's JDBC reader."""
+    frames = {name: (smallday.ledger_day(spark, settings, name, trade_date) if driver_read
+                     else read_ledger(spark, settings, choice, name, trade_date))
+              for name in ledgers}
     amendments = ledger_amendments(spark, settings, choice, ledgers, trade_date)
     closes: dict[int, int] = {}
     for name in ledgers:
@@ -318,9 +347,10 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
     out = parts[0]
     for other in parts[1:]:
         out = out.unionByName(other)
+    by = "driver" if driver_read else "spark"
     if len(parts) > 1:  # only a union can hold a trade twice; dedupe then reads it twice
         out = out.persist()
         return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames,
-                       amendments=amendments)
+                       amendments=amendments, read_by=by)
     return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames,
-                   amendments=amendments)
+                   amendments=amendments, read_by=by)

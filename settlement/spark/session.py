@@ -153,7 +153,8 @@ LARGE_DAY: dict[str, str] = {
 
 def is_small_day(settings: Settings, day_rows: int | None) -> bool:
     """A close's day of at most ``spark_small_day_rows`` rows (None: not a close)."""
-    return day_rows is not None and day_rows <= settings.spark_small_day_rows
+    limit = settings.spark_small_day_rows
+    return day_rows is not None and limit > 0 and day_rows <= limit
 
 
 def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool,

@@ -1,0 +1,141 @@
+"""A small day read by the driver and handed to Spark as a frame in memory.
+
+A close of a small day (``settlement.spark.session.is_small_day``: at most
+``spark_small_day_rows`` offsets or ledger rows) spent most of its read on Spark's machinery,
+not on the day: from Kafka, six tasks in three waves on two cores, a Python worker started
+for each to run the classifier, Arrow's first use in the JVM and the worker (3.5-4 s of a
+5.7 s read for 2,000 trades, docs/benchmarks.md); from a ledger, a JDBC read that every
+later query of the close (dedupe, netting, a dozen validation checks) ran again.
+
+Here the driver reads the day itself: the Kafka offset ranges through one read_committed
+consumer (the client the sites and the source chooser use), classified by the very function
+a Spark task's Python worker runs (``settlement.spark.worker.classify_arrow``, one call per
+Kafka partition, in offset order, as a task sees it); a ledger's day by one query (one
+snapshot, where the JDBC read's slices were each their own). The rows become one Arrow-backed
+frame in the JVM, of the same schema the Spark read gives, and everything after the read
+(facts, dedupe, netting, validation) is unchanged. ``tests/test_smallday.py`` holds the two
+reads of the same days to the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from settlement.config import Settings
+from settlement.contract import LEDGER_COLUMNS, MISSING_TYPE_MEANS, TYPE_HEADER
+from settlement.db import connect
+from settlement.spark.parse import CLASSIFIED_SCHEMA
+from settlement.spark.schemas import TRADE_SCHEMA
+from settlement.spark.session import local_frame
+from settlement.spark.worker import classify_arrow
+
+# What a Spark task hands the classifier (``settlement.spark.parse.stage``).
+STAGED = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()),
+                    ("value", pa.binary()), ("_kind", pa.binary())])
+_MISSING = MISSING_TYPE_MEANS.encode()
+
+
+class KafkaReadError(RuntimeError):
+    """The day's committed range could not be read whole in time."""
+
+
+def message_type(headers: list[tuple[str, bytes | None]] | None) -> bytes:
+    """The first ``type`` header's value (empty when null; no header: MISSING_TYPE_MEANS),
+    as ``settlement.spark.parse.stage`` takes it from Spark's headers column."""
+    for key, value in headers or ():
+        if key == TYPE_HEADER:
+            return value if value is not None else b""
+    return _MISSING
+
+
+def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
+                 timeout: float = 120.0) -> dict[int, pa.RecordBatch]:
+    """Each partition's [start, end) as one staged batch, read_committed, in offset order.
+
+    A located day ends with its close marker, a committed message at ``end - 1``, so a
+    partition is read whole when that offset arrives (aborted records and transaction
+    markers in between are never returned, as in Spark's read). A range not read whole
+    within ``timeout`` seconds is an error naming the partitions and how far each got."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    todo = {p: r for p, r in ranges.items() if r[1] > r[0]}
+    rows: dict[int, tuple[list[int], list[bytes | None], list[bytes]]] = {
+        p: ([], [], []) for p in ranges}
+    reached = {p: s - 1 for p, (s, _) in todo.items()}
+    c = Consumer({**settings.kafka_client_config(),
+                  "group.id": f"eod-read-{uuid.uuid4().hex}",
+                  "isolation.level": "read_committed", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 10, "log_level": 3})
+    deadline = time.monotonic() + timeout
+    try:
+        c.assign([TopicPartition(settings.topic, p, s) for p, (s, _) in sorted(todo.items())])
+        while todo:
+            if time.monotonic() > deadline:
+                where = ", ".join(f"partition {p} at offset {reached[p] + 1} of [{s}, {e})"
+                                  for p, (s, e) in sorted(todo.items()))
+                raise KafkaReadError(f"the day's range was not read whole in {timeout:.0f} s: "
+                                     f"{where}")
+            for m in c.consume(1000, timeout=0.02):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(m.error())
+                p, off = m.partition(), m.offset()
+                if p not in todo or off >= todo[p][1] or off <= reached[p]:
+                    continue  # past the range (a later day), or a partition done
+                offsets, values, kinds = rows[p]
+                offsets.append(off)
+                values.append(m.value())
+                kinds.append(message_type(m.headers()))
+                reached[p] = off
+                if off >= todo[p][1] - 1:
+                    del todo[p]
+                    c.pause([TopicPartition(settings.topic, p)])
+    finally:
+        c.close()
+    return {p: pa.RecordBatch.from_arrays(
+        [pa.array([p] * len(offs), pa.int32()), pa.array(offs, pa.int64()),
+         pa.array(values, pa.binary()), pa.array(kinds, pa.binary())], schema=STAGED)
+        for p, (offs, values, kinds) in sorted(rows.items())}
+
+
+def classify_batches(batches: Mapping[int, pa.RecordBatch], max_bytes: int) -> pa.Table:
+    """The classifier's verdicts (CLASSIFIED_SCHEMA), one call per partition as a task makes
+    it: its state (copies, markers, amendments) is per partition and offset order."""
+    out: list[pa.RecordBatch] = []
+    for _, batch in sorted(batches.items()):
+        out.extend(classify_arrow(iter([batch]), max_bytes))
+    if not out:
+        return _empty_classified()
+    return pa.Table.from_batches(out)
+
+
+def _empty_classified() -> pa.Table:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(CLASSIFIED_SCHEMA, timezone="UTC").empty_table()
+
+
+def kafka_day(spark: SparkSession, settings: Settings, ranges: Mapping[int, tuple[int, int]]
+              ) -> DataFrame:
+    """The classified day (``settlement.spark.parse.classify_kafka_values``' rows), read and
+    classified in the driver."""
+    limit = settings.max_message_bytes
+    table = classify_batches(fetch_ranges(settings, ranges),
+                             limit if limit is not None else 2**62)
+    return spark.createDataFrame(table, CLASSIFIED_SCHEMA)
+
+
+def ledger_day(spark: SparkSession, settings: Settings, ledger: str, trade_date: str
+               ) -> DataFrame:
+    """One ledger's day (TRADE_SCHEMA) by one query, as a frame in memory."""
+    with connect(settings.ledger_dsn(ledger)) as conn:
+        rows = conn.execute(
+            f"select {', '.join(LEDGER_COLUMNS)} from trades where trade_date = %s",
+            (trade_date,)).fetchall()
+    return local_frame(spark, rows, TRADE_SCHEMA)
