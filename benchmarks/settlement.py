@@ -1,7 +1,7 @@
 """End-of-day settlement throughput from each source, against one SQL GROUP BY.
 
     .venv/bin/python benchmarks/settlement.py [--trades 2000,1000000[,10000000]]
-        [--modes process,warm] [--native on,off] [--jvm on,off]
+        [--modes process,warm] [--native on,off] [--jvm on,off] [--driver-read on,off]
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
@@ -10,7 +10,9 @@ a private ledger, then time in the same run
           context), wall seconds, with each step's seconds from its JSON and where the fixed
           cost went (`before_close_seconds`: interpreter and imports until the close began;
           `session_seconds`: JVM and Spark session start; the rest: exit); with --jvm off
-          also without the close's class archive and small-day settings (`*_jvm_off`)
+          also without the close's class archive and small-day settings (`*_jvm_off`);
+          with --driver-read off also with a small day read by Spark's readers instead of
+          the driver (`*_spark_read`)
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -89,7 +91,7 @@ def cold_close(env: dict[str, str], source: str, n: int, group_by: float) -> dic
     assert out["trades"] == n and out["validation_success"], out.get("validation")
     t = out["timings"]
     return {"seconds": round(secs, 2), "vs_group_by": round(secs / group_by, 2),
-            "jvm": out.get("jvm"), "timings": t,
+            "jvm": out.get("jvm"), "read_by": out.get("read_by"), "timings": t,
             "fixed": {"before_close": t.get("before_close_seconds"),
                       "session": t.get("session_seconds"),
                       "validate": t.get("validate_seconds"),
@@ -173,7 +175,8 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
 
 
 def one_size(spark: SparkSession | None, base: Settings, n: int,
-             modes: set[str], native: set[str], jvm: set[str]) -> dict[str, Any]:
+             modes: set[str], native: set[str], jvm: set[str],
+             driver_read: set[str]) -> dict[str, Any]:
     s, env = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -198,9 +201,15 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
             # on the same day.
             # And with the close's JVM as it was before issue 44's class archive and small-day
             # settings (--jvm off: key suffix _jvm_off), for a comparison in the same run.
+            # And a small day read by Spark's readers rather than the driver (--driver-read
+            # off: key suffix _spark_read).
             runs = []
-            for jvm_mode in sorted(jvm, reverse=True):  # "on" first
+            for jvm_mode, read_mode in ((j, r) for j in sorted(jvm, reverse=True)  # on first
+                                        for r in sorted(driver_read, reverse=True)):
                 jsuffix, jenv = ("", {}) if jvm_mode == "on" else ("_jvm_off", JVM_OFF)
+                if read_mode == "off":
+                    jsuffix += "_spark_read"
+                    jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false"}
                 runs += [(f"process_kafka{suffix}{jsuffix}", "kafka",
                           {"SETTLE_NATIVE_TRADES": flag, **jenv})
                          for flag, suffix, on in (("true", "_native", "on"),
@@ -251,13 +260,21 @@ def main() -> None:
                     help="off, on or on,off: the process Kafka close without the native "
                          "classifier of plain trades (the default), with it "
                          "(process_kafka_native), or both in the same run")
+    ap.add_argument("--driver-read", default="on",
+                    help="on, off or on,off: the process closes of a small day read by the "
+                         "driver (the default), by Spark's Kafka and JDBC readers (keys "
+                         "ending _spark_read), or both in the same run")
     args = ap.parse_args()
-    native = {m.strip() for m in args.native.split(",") if m.strip()}
-    if not native or not native <= {"on", "off"}:
-        ap.error(f"--native: expected on and/or off, got {args.native!r}")
-    jvm = {m.strip() for m in args.jvm.split(",") if m.strip()}
-    if not jvm or not jvm <= {"on", "off"}:
-        ap.error(f"--jvm: expected on and/or off, got {args.jvm!r}")
+
+    def on_off(option: str, value: str) -> set[str]:
+        got = {m.strip() for m in value.split(",") if m.strip()}
+        if not got or not got <= {"on", "off"}:
+            ap.error(f"--{option}: expected on and/or off, got {value!r}")
+        return got
+
+    native = on_off("native", args.native)
+    jvm = on_off("jvm", args.jvm)
+    driver_read = on_off("driver-read", args.driver_read)
     sizes = [int(x) for x in args.trades.split(",")]
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     if not modes <= {"process", "warm"}:
@@ -270,7 +287,7 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(spark, base, n, modes, native, jvm) for n in sizes]
+        results = [one_size(spark, base, n, modes, native, jvm, driver_read) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

@@ -117,7 +117,8 @@ def published(isolated: Isolated, spark: SparkSession) -> Iterator[Isolated]:  #
 
 @pytest.mark.services
 def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
-        published: Isolated, spark: SparkSession, tmp_path: Path) -> None:  # noqa: F811
+        published: Isolated, spark: SparkSession, tmp_path: Path,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from settlement.eod.sources import choose_source
     from settlement.spark.io import read_day
 
@@ -129,6 +130,12 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
         by_driver = read_day(spark, s, choice, spec.trade_date, driver_read=True)
         by_spark = read_day(spark, s, choice, spec.trade_date, driver_read=False)
         assert (by_driver.read_by, by_spark.read_by) == ("driver", "spark")
+        if spec is DAYS[0]:  # a day too large in bytes for the driver goes to Spark
+            monkeypatch.setattr(smallday, "MAX_READ_BYTES", 1000)
+            fallback = read_day(spark, s, choice, spec.trade_date, driver_read=True)
+            monkeypatch.undo()
+            fallback.release()
+            assert fallback.read_by == "spark"
         try:
             got, want = _facts(by_driver), _facts(by_spark)
             assert got == want, spec.trade_date
@@ -174,3 +181,8 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> No
     assert got[0].num_rows == 3 and got[0].column("kafka_offset").to_pylist() == [0, 1, 2]
     with pytest.raises(smallday.KafkaReadError, match=r"partition 0 at offset 3 of \[0, 10\)"):
         smallday.fetch_ranges(s, {0: (0, 10)}, timeout=2)
+    # Few offsets but more bytes than a driver read holds: Spark's tasks read the day.
+    size = sum(len(v) for v in got[0].column("value").to_pylist())
+    assert smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size)[0].num_rows == 3
+    with pytest.raises(smallday.TooLarge):
+        smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size - 1)

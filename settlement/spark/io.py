@@ -156,8 +156,11 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     """The day's bounded offset range, read_committed: by Spark's Kafka source, or with
     ``driver_read`` by the driver (a small day)."""
     if driver_read:
-        return _kafka_read(spark, smallday.kafka_day(spark, settings, choice.kafka_ranges),
-                           [], trade_date, "driver")
+        try:
+            return _kafka_read(spark, smallday.kafka_day(spark, settings, choice.kafka_ranges),
+                               [], trade_date, "driver")
+        except smallday.TooLarge:
+            pass  # few messages but large ones: Spark's tasks stream them instead
     topic = settings.topic
     starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
     ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}

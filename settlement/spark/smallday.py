@@ -40,8 +40,17 @@ STAGED = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()
 _MISSING = MISSING_TYPE_MEANS.encode()
 
 
+# The most message bytes a driver read holds (a small day is counted in offsets, and a day of
+# few but huge messages is still Spark's to read): 2,000 gateway trades are about 0.5 MB.
+MAX_READ_BYTES = 256 << 20
+
+
 class KafkaReadError(RuntimeError):
     """The day's committed range could not be read whole in time."""
+
+
+class TooLarge(Exception):
+    """The range's messages add up to more than a driver read holds."""
 
 
 def message_type(headers: list[tuple[str, bytes | None]] | None) -> bytes:
@@ -54,13 +63,17 @@ def message_type(headers: list[tuple[str, bytes | None]] | None) -> bytes:
 
 
 def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
-                 timeout: float = 120.0) -> dict[int, pa.RecordBatch]:
+                 timeout: float = 120.0, max_bytes: int | None = None
+                 ) -> dict[int, pa.RecordBatch]:
     """Each partition's [start, end) as one staged batch, read_committed, in offset order.
 
     A located day ends with its close marker, a committed message at ``end - 1``, so a
     partition is read whole when that offset arrives (aborted records and transaction
     markers in between are never returned, as in Spark's read). A range not read whole
-    within ``timeout`` seconds is an error naming the partitions and how far each got."""
+    within ``timeout`` seconds is an error naming the partitions and how far each got;
+    TooLarge when its values add up to more than ``max_bytes`` (MAX_READ_BYTES)."""
+    limit = MAX_READ_BYTES if max_bytes is None else max_bytes
+    held = 0
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
     todo = {p: r for p, r in ranges.items() if r[1] > r[0]}
@@ -89,8 +102,12 @@ def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
                 if p not in todo or off >= todo[p][1] or off <= reached[p]:
                     continue  # past the range (a later day), or a partition done
                 offsets, values, kinds = rows[p]
+                value = m.value()
+                held += len(value or b"")
+                if held > limit:
+                    raise TooLarge(f"the range holds more than {limit} bytes of messages")
                 offsets.append(off)
-                values.append(m.value())
+                values.append(value)
                 kinds.append(message_type(m.headers()))
                 reached[p] = off
                 if off >= todo[p][1] - 1:
