@@ -6,6 +6,7 @@ transactions, replays, malformed and hostile messages."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,9 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
 def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> None:
     """A range ending past what Kafka holds (a truncated or mislocated day) is not settled
     short: the read names the partition and how far it got."""
-    from confluent_kafka import Producer
+    from confluent_kafka import Producer, TopicPartition
 
+    from settlement.kafka.admin import admin_client
     from settlement.simulator.gateway import producer_config
 
     s = isolated.settings
@@ -186,3 +188,13 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> No
     assert smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size)[0].num_rows == 3
     with pytest.raises(smallday.TooLarge):
         smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size - 1)
+    # Retention deleted the range's start since the day was located: an error at once, not
+    # a read that jumps to the log's end and waits out its deadline.
+    admin = admin_client(s)
+    for fut in admin.delete_records([TopicPartition(s.topic, 0, 2)],
+                                    request_timeout=30).values():
+        fut.result()
+    t0 = time.monotonic()
+    with pytest.raises(smallday.KafkaReadError, match="refused the day's read"):
+        smallday.fetch_ranges(s, {0: (0, 3)}, timeout=60)
+    assert time.monotonic() - t0 < 30

@@ -72,10 +72,14 @@ def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
     markers in between are never returned, as in Spark's read). A range not read whole
     within ``timeout`` seconds is an error naming the partitions and how far each got;
     TooLarge when its values add up to more than ``max_bytes`` (MAX_READ_BYTES)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    # Errors librdkafka retries by itself (a broker restarting, a leader moving): the read
+    # goes on until its deadline, and the last one is named if it is not met.
+    passing = {KafkaError._PARTITION_EOF, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
     limit = MAX_READ_BYTES if max_bytes is None else max_bytes
     held = 0
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
+    last_error = ""
     todo = {p: r for p, r in ranges.items() if r[1] > r[0]}
     rows: dict[int, tuple[list[int], list[bytes | None], list[bytes]]] = {
         p: ([], [], []) for p in ranges}
@@ -83,6 +87,9 @@ def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
     c = Consumer({**settings.kafka_client_config(),
                   "group.id": f"eod-read-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
+                  # An offset retention deleted since the day was located is an error, not
+                  # a silent jump to the log's end.
+                  "auto.offset.reset": "error",
                   "fetch.wait.max.ms": 10, "log_level": 3})
     deadline = time.monotonic() + timeout
     try:
@@ -92,12 +99,15 @@ def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
                 where = ", ".join(f"partition {p} at offset {reached[p] + 1} of [{s}, {e})"
                                   for p, (s, e) in sorted(todo.items()))
                 raise KafkaReadError(f"the day's range was not read whole in {timeout:.0f} s: "
-                                     f"{where}")
+                                     f"{where}{last_error}")
             for m in c.consume(1000, timeout=0.02):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                err = m.error()
+                if err is not None:
+                    if err.code() in passing or (err.retriable() and not err.fatal()):
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            last_error = f" (last Kafka error: {err.str()})"
                         continue
-                    raise KafkaException(m.error())
+                    raise KafkaReadError(f"Kafka refused the day's read: {err.str()}")
                 p, off = m.partition(), m.offset()
                 if p not in todo or off >= todo[p][1] or off <= reached[p]:
                     continue  # past the range (a later day), or a partition done
