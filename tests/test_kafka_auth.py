@@ -206,6 +206,13 @@ def test_users_get_exactly_their_roles_rights(granted: SecureKafka) -> None:
                       assign=True)
     assert err is None and n >= day
     assert _produce(k.client("settlement")).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # A small day read by the close's own process (settlement.spark.smallday), as itself.
+    from settlement.spark.smallday import fetch_ranges
+
+    as_settlement = k.settings.model_copy(update={
+        "kafka_sasl_username": "settlement", "kafka_sasl_password": k.passwords["settlement"]})
+    got = fetch_ranges(as_settlement, {p: (0, 1) for p in range(6)}, timeout=20)
+    assert sum(b.num_rows for b in got.values()) == 6
 
 
 def test_grant_arguments_are_checked() -> None:

@@ -85,7 +85,9 @@ def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
         p: ([], [], []) for p in ranges}
     reached = {p: s - 1 for p, (s, _) in todo.items()}
     c = Consumer({**settings.kafka_client_config(),
-                  "group.id": f"eod-read-{uuid.uuid4().hex}",
+                  # Settlement's principal may use its probe groups (settlement.kafka.security
+                  # SETTLEMENT_GROUP_PREFIXES): a read by assignment, nothing committed.
+                  "group.id": f"eod-probe-read-{uuid.uuid4().hex}",
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   # An offset retention deleted since the day was located is an error, not
                   # a silent jump to the log's end.
