@@ -26,8 +26,9 @@ from collections.abc import Mapping
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from consumers.parse import message_type as site_message_type
 from settlement.config import Settings
-from settlement.contract import LEDGER_COLUMNS, MISSING_TYPE_MEANS, TYPE_HEADER
+from settlement.contract import LEDGER_COLUMNS
 from settlement.db import connect
 from settlement.spark.parse import CLASSIFIED_SCHEMA
 from settlement.spark.schemas import TRADE_SCHEMA
@@ -37,7 +38,6 @@ from settlement.spark.worker import classify_arrow
 # What a Spark task hands the classifier (``settlement.spark.parse.stage``).
 STAGED = pa.schema([("kafka_partition", pa.int32()), ("kafka_offset", pa.int64()),
                     ("value", pa.binary()), ("_kind", pa.binary())])
-_MISSING = MISSING_TYPE_MEANS.encode()
 
 
 # The most message bytes a driver read holds (a small day is counted in offsets, and a day of
@@ -53,13 +53,11 @@ class TooLarge(Exception):
     """The range's messages add up to more than a driver read holds."""
 
 
-def message_type(headers: list[tuple[str, bytes | None]] | None) -> bytes:
-    """The first ``type`` header's value (empty when null; no header: MISSING_TYPE_MEANS),
-    as ``settlement.spark.parse.stage`` takes it from Spark's headers column."""
-    for key, value in headers or ():
-        if key == TYPE_HEADER:
-            return value if value is not None else b""
-    return _MISSING
+def message_type(headers: list[tuple[str, bytes]] | None) -> bytes:
+    """The type header by the sites' rule (``consumers.parse.message_type``), as the bytes the
+    classifier reads (``settlement.spark.parse.stage``); the classifier decodes them with
+    "replace" again, so a value that is not UTF-8 gets the same verdict either way."""
+    return site_message_type(headers).encode()
 
 
 def fetch_ranges(settings: Settings, ranges: Mapping[int, tuple[int, int]],
