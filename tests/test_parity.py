@@ -29,6 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as settings_
@@ -611,9 +612,10 @@ def test_the_python_row_hash_is_sparks_with_missing_fields_left_out(spark: Spark
     got = row_hashes([r[0] for r in rows], [(r[1] - dt.date(1970, 1, 1)).days for r in rows],
                      [r[2] for r in rows], [r[3] for r in rows], [r[5] for r in rows], units,
                      [r[7] for r in rows], [r[8] for r in rows], [r[9] for r in rows], micros)
-    assert list(zip(*got, strict=True)) == want
-    assert row_hashes([None], [1], [1], [0], ["A"], [1], [1], ["B"], ["S"], [1]) == ([None],
-                                                                                    [None])
+    assert list(zip(*(h.to_pylist() for h in got), strict=True)) == want
+    none = row_hashes(pa.array([None], pa.string()), [1], [1], [0], ["A"], [1], [1], ["B"],
+                      ["S"], [1])
+    assert [h.to_pylist() for h in none] == [[None], [None]]
 
 
 # -- (b) property-based adversarial batches --------------------------------------------------

@@ -235,6 +235,94 @@ def test_a_batch_of_plain_trades_gets_the_verdicts_each_message_would(
     assert rows[8]["reason"] is None and rows[10]["_dup"] and rows[12]["reason"] is None
 
 
+def test_the_workers_batch_fingerprints_are_the_sites() -> None:
+    """``worker.fingerprints`` normalises a batch's prices and execution times with Arrow; it
+    must give ``consumers.parse.fingerprint`` of each trade, equal copies equal (10.5 is
+    10.50, 15:00+01:00 is 14:00Z, .500000 is .5) and different ones different, for a batch
+    in UTC (Arrow's path) and one with an offset in it (``_instant``'s)."""
+    from consumers.parse import fingerprint
+    from settlement.spark.worker import fingerprints
+
+    def t(price: str, at: str, **kw: Any) -> tuple[Any, ...]:
+        v = {**GOOD, "price": price, "executed_at": at, **kw}
+        return tuple(v[f] for f in ("trade_id", "trade_date", "seq", "symbol", "price",
+                                    "quantity", "buyer", "seller", "executed_at"))
+
+    utc = [t("10.5", "2024-03-15T14:00:00Z"), t("10.50", "2024-03-15T14:00:00.000Z"),
+           t("10", "2024-03-15T14:00:00.5Z"), t("10.0000", "2024-03-15T14:00:00.500000Z"),
+           t("100", "2024-03-15T14:00:10Z"), t("0.0001", "2024-03-15T14:00:00.000001Z"),
+           t("1.1", "2024-03-15T14:00:00Z", seq=8), t("1.1", "2024-03-15T14:00:00Z", buyer="Q")]
+    offsets = [*utc, t("10.5", "2024-03-15T15:00:00+01:00"),
+               t("10.5", "2024-03-15T09:00:00.50-05:00")]
+    for batch in (utc, offsets):
+        assert fingerprints(batch) == [fingerprint(x) for x in batch]
+    fps = fingerprints(offsets)
+    assert fps[0] == fps[1] == fps[8] and fps[2] == fps[3] and fps[4] != fps[0] != fps[9]
+    assert len({fps[0], fps[4], fps[5], fps[6], fps[7]}) == 5
+
+
+def test_batches_of_new_trades_are_kept_whole_and_every_other_batch_trade_by_trade() -> None:
+    """Most batches of a day are plain trades, all new ids of the partition's date: they are
+    kept by set operations (``all_first_copies``). Each thing that sends a plain batch trade
+    by trade must still get the verdicts the message by message path gives: an id repeated
+    inside the batch, an id kept in an earlier batch (a replay, and a conflicting one), a
+    trade of another date, a trade of a day closed earlier (late), two partitions in one
+    batch; and the trades kept whole must be found by the later batches."""
+    import pyarrow as pa
+
+    import consumers.parse
+    from settlement.spark.worker import classify_arrow
+
+    def trade(i: int, **kw: Any) -> tuple[dict[str, Any], str]:
+        return {**GOOD, "trade_id": f"T-{i}", "seq": i, **kw}, "trade"
+
+    close = ({"trade_date": "2024-03-15", "partition": 0, "last_seq": 99}, "close")
+    days = [
+        [trade(1), trade(2), trade(3)],  # new ids: whole
+        [trade(4), trade(5), trade(4)],  # repeated inside the batch
+        [trade(6), trade(1)],  # a replay of a trade kept whole
+        [trade(7), trade(2, quantity=9)],  # a conflicting replay of one kept whole
+        [trade(8), trade(9, trade_date="2024-03-14")],  # another date
+        [trade(10, trade_date="2024-03-14"), trade(11, trade_date="2024-03-14")],
+        [trade(12), trade(13)],  # new ids again: whole
+        [close],
+        [trade(14), trade(15)],  # trades of the closed day: late
+        [trade(16, trade_date="2024-03-16"), trade(17, trade_date="2024-03-16")],
+    ]
+    two = [trade(20), trade(21)]
+
+    def batch(values: list[tuple[dict[str, Any], str]], first: int,
+              partitions: list[int] | None = None) -> pa.RecordBatch:
+        return pa.record_batch([
+            pa.array(partitions or [0] * len(values), pa.int32()),
+            pa.array(range(first, first + len(values)), pa.int64()),
+            pa.array([json.dumps(v, separators=(",", ":")).encode() for v, _ in values]),
+            pa.array([k.encode() for _, k in values])], names=["p", "o", "value", "kind"])
+
+    batches, at = [], 0
+    for values in days:
+        batches.append(batch(values, at))
+        at += len(values)
+    batches.append(batch(two, at, [0, 1]))
+    whole = [b.to_pylist() for b in classify_arrow(iter(batches), 400)]
+    real = consumers.parse.fast_trades
+    try:
+        consumers.parse.fast_trades = lambda raws, max_bytes: None  # type: ignore[assignment]
+        each = [b.to_pylist() for b in classify_arrow(iter(batches), 400)]
+    finally:
+        consumers.parse.fast_trades = real
+    assert whole == each
+    rows = [r for b in whole for r in b]
+    dups = [r["kafka_offset"] for r in rows if r["_dup"]]
+    assert dups == [5, 7], dups
+    reasons = {r["kafka_offset"]: r["reason"] for r in rows if r["reason"]}
+    # T-14, T-15 and T-20 (partition 0) are of the day closed at offset 16.
+    assert sorted(reasons) == [9, 17, 18, 21], reasons
+    assert "conflicting replay of trade 'T-2'" in reasons[9]
+    assert all(reasons[o].startswith("late: ") for o in (17, 18, 21)), reasons
+    assert all(r["_row_hi"] is not None for r in rows if r["trade_id"] and not r["reason"])
+
+
 def test_the_workers_module_agrees_with_the_classifiers_schema() -> None:
     """settlement.spark.worker repeats what it must not import Spark's SQL types for."""
     from settlement.spark import worker

@@ -136,11 +136,12 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         held_in[p] = rest
 
     def is_copy(t: tuple[str, str, int, str, str, int, str, str, str], partition: int,
-                offset: int) -> bool:
+                offset: int, fp: int | None = None) -> bool:
         """Whether a trade (``trade_values``' order) is a later copy of one kept in its
-        partition; its first copy is kept. Raises Malformed for a conflicting replay."""
+        partition; its first copy is kept. Raises Malformed for a conflicting replay.
+        ``fp``: the trade's ``fingerprint`` when the caller has it."""
         trade_id, trade_date = t[0], t[1]
-        fp = fingerprint(t) & mask
+        fp = (fingerprint(t) if fp is None else fp) & mask
         seen = seen_in.get(partition)
         if seen is None:
             seen = seen_in[partition] = {}
@@ -153,6 +154,29 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
         if kept & mask == fp:
             return True
         raise Malformed(conflict_reason(trade_id, partition, kept >> 64))
+
+    def all_first_copies(plain: list[tuple[str, str, int, str, str, int, str, str, str]],
+                         fps: list[int], partitions: list[int], offsets: list[int]) -> bool:
+        """Whether a batch of plain trades is what most batches are: one partition, one date
+        (its first), no trade of a closed day, and every trade id new; then they are kept,
+        in a few set and dict operations instead of ``is_copy`` per trade. False, with
+        nothing kept, otherwise (the caller goes trade by trade)."""
+        p, n = partitions[0], len(plain)
+        if partitions.count(p) != n:
+            return False
+        dates = {t[1] for t in plain}
+        closed = closes_in.get(p)
+        if dates != {first_date.get(p, plain[0][1])} or (closed and not closed.keys().isdisjoint(
+                dates)):
+            return False
+        ids = [t[0] for t in plain]
+        seen = seen_in.setdefault(p, {})
+        if len(set(ids)) != n or not seen.keys().isdisjoint(ids):
+            return False
+        first_date.setdefault(p, plain[0][1])
+        kept = [o << 64 | f & mask for o, f in zip(offsets, fps, strict=True)]
+        seen.update(zip(ids, kept, strict=True))
+        return True
 
     with hot_loop():  # a worker classifies millions of messages (consumers.runtime)
         for batch in batches:
@@ -234,16 +258,20 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
                         raise Malformed(f"unknown message type {kind!r}")
                 except Malformed as e:
                     reasons[i], raws[i] = str(e), values[i]
+            fps = fingerprints(plain) if plain else []
+            if plain and all_first_copies(plain, fps, partitions, offsets):
+                trades = plain  # type: ignore[assignment]
+                plain = None
             for i, t in enumerate(plain or ()):
                 try:
                     if closes_in and (why_late := late(partitions[i], t[1])) is not None:
                         raise Malformed(why_late)
-                    dups[i] = is_copy(t, partitions[i], offsets[i])
+                    dups[i] = is_copy(t, partitions[i], offsets[i], fps[i])
                 except Malformed as e:
                     reasons[i], raws[i] = str(e), values[i]
                     continue
                 trades[i] = t
-            out = (batch, partitions, kinds, reasons, raws, trades, close_dates, last_seqs,
+            out = (batch, kinds, reasons, raws, trades, close_dates, last_seqs,
                    dups, versions, notes)
             if holds:
                 held_batches.append(out)
@@ -253,7 +281,32 @@ def classify_arrow(batches: Iterator[pa.RecordBatch], max_bytes: int
             yield _output(*out)  # type: ignore[arg-type]
 
 
-def _output(batch: pa.RecordBatch, partitions: list[int], kinds: list[str],
+def fingerprints(trades: list[tuple[str, str, int, str, str, int, str, str, str]]
+                 ) -> list[int]:
+    """``consumers.parse.fingerprint`` of each plain trade, equal to it (the same hash of the
+    same tuple), with its two normalisations made by Arrow over the batch: the price without
+    trailing zeros after its point, the execution time's UTC text without them (an
+    execution time not in UTC, rare, is converted by ``_instant`` itself)."""
+    from consumers.parse import _instant
+
+    _, tdate, seq, sym, price, qty, buyer, seller, at = zip(*trades, strict=True)
+    at_text = pa.array(at, pa.string())
+    if pc.all(pc.ends_with(at_text, "Z")).as_py():
+        instants = _no_trailing_zeros(pc.utf8_slice_codeunits(at_text, 0, -1)).to_pylist()
+    else:
+        instants = list(map(_instant, at))
+    prices = _no_trailing_zeros(pa.array(price, pa.string())).to_pylist()
+    return list(map(hash, zip(tdate, seq, sym, prices, qty, buyer, seller, instants,
+                              strict=True)))
+
+
+def _no_trailing_zeros(text: pa.Array) -> pa.Array:
+    """Each text as ``t.rstrip("0").rstrip(".") if "." in t else t``."""
+    trimmed = pc.utf8_rtrim(pc.utf8_rtrim(text, characters="0"), characters=".")
+    return pc.if_else(pc.match_substring(text, "."), trimmed, text)
+
+
+def _output(batch: pa.RecordBatch, kinds: list[str],
             reasons: list[str | None], raws: list[bytes | None],
             trades: list[tuple[object, ...]], close_dates: list[str | None],
             last_seqs: list[int | None], dups: list[bool], versions: list[int | None],
@@ -268,31 +321,34 @@ def _output(batch: pa.RecordBatch, partitions: list[int], kinds: list[str],
     dates = pa.array(tdate, text).cast(_A_DATE)
     prices = pa.array(price, text).cast(_A_PRICE)
     times = pa.array(at, text).cast(_A_TS)
+    ids, seqs, syms = pa.array(tid, text), pa.array(seq, pa.int64()), pa.array(sym, text)
+    qtys, buyers, sellers = (pa.array(qty, pa.int64()), pa.array(buyer, text),
+                             pa.array(seller, text))
     # A price times 10,000 is integral: the safe cast to int64 is exact or raises.
     row_hi, row_lo = row_hashes(
-        tid, dates.cast(pa.int32()).to_pylist(), seq, partitions, sym,
-        pc.multiply(prices, _UNITS).cast(pa.int64()).to_pylist(), qty, buyer, seller,
-        times.cast(pa.int64()).to_pylist())
+        ids, dates.cast(pa.int32()), seqs, batch.column(0), syms,
+        pc.multiply(prices, _UNITS).cast(pa.int64()), qtys, buyers, sellers,
+        times.cast(pa.int64()))
     return pa.RecordBatch.from_arrays([
         batch.column(0),
         batch.column(1),
         pa.array(reasons, text),
         pa.array(kinds, text),
         pa.array(raws, pa.binary()),
-        pa.array(tid, text),
+        ids,
         dates,
-        pa.array(seq, pa.int64()),
-        pa.array(sym, text),
+        seqs,
+        syms,
         prices,
-        pa.array(qty, pa.int64()),
-        pa.array(buyer, text),
-        pa.array(seller, text),
+        qtys,
+        buyers,
+        sellers,
         times,
         pa.array(close_dates, text).cast(_A_DATE),
         pa.array(last_seqs, pa.int64()),
         pa.array(dups, pa.bool_()),
         pa.array(versions, pa.int32()),
         pa.array(notes, text),
-        pa.array(row_hi, pa.int64()),
-        pa.array(row_lo, pa.int64()),
+        row_hi,
+        row_lo,
     ], names=list(CLASSIFIED_FIELDS))
