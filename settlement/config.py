@@ -239,6 +239,11 @@ class Settings(BaseSettings):
     spark_class_archive: bool = True
     spark_small_day_rows: int = Field(50_000, ge=0)
     spark_small_day_driver_read: bool = True
+    # Any other Kafka day on a local master is read by the Spark tasks' Python workers with
+    # the sites' client (settlement.spark.kafkaread), not by Spark's Kafka source in the
+    # JVM; off, or on a cluster (whose executors may not reach the files the client's
+    # settings name), Spark's source reads it.
+    spark_kafka_worker_read: bool = True
     # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
     # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
     spark_executor_memory: str = "768m"

@@ -1,5 +1,6 @@
-"""A small day read by the driver (settlement.spark.smallday) gives the close what Spark's
-readers give it: the same trades, dead letters, copies, late trades, markers, amendments and
+"""A small day read by the driver (settlement.spark.smallday), and a Kafka day read by the
+tasks' Python workers (settlement.spark.kafkaread), give the close what Spark's readers give
+it: the same trades, dead letters, copies, late trades, markers, amendments and
 figures, from Kafka and from a ledger, on a topic holding several days with aborted
 transactions, replays, malformed and hostile messages."""
 
@@ -18,7 +19,7 @@ from settlement.config import Settings
 from settlement.contract import MISSING_TYPE_MEANS, TRADE_HEADERS, TYPE_HEADER
 from settlement.eod.model import SourceChoice
 from settlement.simulator.gateway import SimulationSpec, simulate
-from settlement.spark import smallday
+from settlement.spark import kafkaread, smallday
 from tests.conftest import Isolated
 from tests.helpers import start_site, wait_exit
 from tests.spark_fixtures import spark  # noqa: F401
@@ -32,11 +33,11 @@ DAYS = [SimulationSpec("2026-06-01", 900, seed=11, dup_rate=0.05, bad_rate=0.02,
 
 def test_the_type_header_is_read_as_spark_stages_it() -> None:
     kind = TYPE_HEADER
-    assert smallday.message_type(None) == MISSING_TYPE_MEANS.encode()
-    assert smallday.message_type([]) == MISSING_TYPE_MEANS.encode()
-    assert smallday.message_type([("other", b"x")]) == MISSING_TYPE_MEANS.encode()
-    assert smallday.message_type([(kind, None), (kind, b"trade")]) == b""
-    assert smallday.message_type([("x", b"y"), (kind, b"close"), (kind, b"trade")]) == b"close"
+    assert kafkaread.message_type(None) == MISSING_TYPE_MEANS.encode()
+    assert kafkaread.message_type([]) == MISSING_TYPE_MEANS.encode()
+    assert kafkaread.message_type([("other", b"x")]) == MISSING_TYPE_MEANS.encode()
+    assert kafkaread.message_type([(kind, None), (kind, b"trade")]) == b""
+    assert kafkaread.message_type([("x", b"y"), (kind, b"close"), (kind, b"trade")]) == b"close"
 
 
 def test_only_a_counted_small_day_is_read_by_the_driver(settings: Settings) -> None:
@@ -124,24 +125,30 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
     from settlement.spark.io import read_day
 
     s = published.settings
+    by_source = s.model_copy(update={"spark_kafka_worker_read": False})
+    assert s.spark_kafka_worker_read and s.spark_master.startswith("local")
     seen: dict[str, int] = {"malformed": 0, "duplicates": 0, "late": 0, "amendments": 0}
     for spec in DAYS:
         choice = choose_source(s, spec.trade_date, "kafka")
         assert choice.source == "kafka", choice.reason
         by_driver = read_day(spark, s, choice, spec.trade_date, driver_read=True)
-        by_spark = read_day(spark, s, choice, spec.trade_date, driver_read=False)
-        assert (by_driver.read_by, by_spark.read_by) == ("driver", "spark")
-        if spec is DAYS[0]:  # a day too large in bytes for the driver goes to Spark
+        by_workers = read_day(spark, s, choice, spec.trade_date, driver_read=False)
+        by_spark = read_day(spark, by_source, choice, spec.trade_date, driver_read=False)
+        assert (by_driver.read_by, by_workers.read_by, by_spark.read_by) == (
+            "driver", "workers", "spark")
+        if spec is DAYS[0]:  # a day too large in bytes for the driver goes to the workers
             monkeypatch.setattr(smallday, "MAX_READ_BYTES", 1000)
             fallback = read_day(spark, s, choice, spec.trade_date, driver_read=True)
             monkeypatch.undo()
             fallback.release()
-            assert fallback.read_by == "spark"
+            assert fallback.read_by == "workers"
         try:
             got, want = _facts(by_driver), _facts(by_spark)
             assert got == want, spec.trade_date
+            assert _facts(by_workers) == want, spec.trade_date
         finally:
             by_driver.release()
+            by_workers.release()
             by_spark.release()
         assert len(got["trades"]) == spec.trades
         seen["malformed"] += got["malformed"]
@@ -165,13 +172,16 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
 
 
 @pytest.mark.services
-def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> None:
+def test_a_range_that_cannot_be_read_whole_is_an_error(
+        isolated: Isolated, spark: SparkSession,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A range ending past what Kafka holds (a truncated or mislocated day) is not settled
     short: the read names the partition and how far it got."""
     from confluent_kafka import Producer, TopicPartition
 
     from settlement.kafka.admin import admin_client
     from settlement.simulator.gateway import producer_config
+    from settlement.spark.io import read_kafka
 
     s = isolated.settings
     producer = Producer(producer_config(s, None))
@@ -181,12 +191,19 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> No
     assert producer.flush(30) == 0
     got = smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10)
     assert got[0].num_rows == 3 and got[0].column("kafka_offset").to_pylist() == [0, 1, 2]
-    with pytest.raises(smallday.KafkaReadError, match=r"partition 0 at offset 3 of \[0, 10\)"):
+    with pytest.raises(kafkaread.KafkaReadError, match=r"partition 0 at offset 3 of \[0, 10\)"):
         smallday.fetch_ranges(s, {0: (0, 10)}, timeout=2)
+    # The same read by a task's Python worker: the close gets the worker's error, in its words.
+    monkeypatch.setattr(kafkaread, "IDLE_TIMEOUT", 2.0)
+    past_end = SourceChoice("kafka", "", kafka_ranges={0: (0, 10)})
+    with pytest.raises(kafkaread.KafkaReadError,
+                       match=r"^the day's range was not read whole: no message for 2 s at "
+                             r"partition 0 at offset 3 of \[0, 10\)$"):
+        read_kafka(spark, s, past_end, "2026-06-01")
     # Few offsets but more bytes than a driver read holds: Spark's tasks read the day.
     size = sum(len(v) for v in got[0].column("value").to_pylist())
     assert smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size)[0].num_rows == 3
-    with pytest.raises(smallday.TooLarge):
+    with pytest.raises(kafkaread.TooLarge):
         smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size - 1)
     # Retention deleted the range's start since the day was located: an error at once, not
     # a read that jumps to the log's end and waits out its deadline.
@@ -195,6 +212,8 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(isolated: Isolated) -> No
                                     request_timeout=30).values():
         fut.result()
     t0 = time.monotonic()
-    with pytest.raises(smallday.KafkaReadError, match="refused the day's read"):
+    with pytest.raises(kafkaread.KafkaReadError, match="refused the day's read"):
         smallday.fetch_ranges(s, {0: (0, 3)}, timeout=60)
     assert time.monotonic() - t0 < 30
+    with pytest.raises(kafkaread.KafkaReadError, match="refused the day's read"):
+        read_kafka(spark, s, SourceChoice("kafka", "", kafka_ranges={0: (0, 3)}), "2026-06-01")

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 import psycopg
+from pyspark.errors import PythonException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -19,8 +20,8 @@ from settlement.config import Settings, jaas_login
 from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
 from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
+from settlement.spark import kafkaread, smallday
 from settlement.spark import parse as P
-from settlement.spark import smallday
 from settlement.spark import transforms as T
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
@@ -118,8 +119,9 @@ class DayRead:
     # settlement applies to ``trades``; Kafka: their figures per bucket (seq coverage).
     amendments: DataFrame | None = None
     amendment_figures: list[tuple[int, ...]] | None = None
-    # Who read the day: "spark" (its Kafka or JDBC reader) or "driver" (a small day,
-    # settlement.spark.smallday).
+    # Who read the day: "spark" (its Kafka or JDBC reader), "driver" (a small day,
+    # settlement.spark.smallday) or "workers" (a Kafka day read by the tasks' Python
+    # workers, settlement.spark.kafkaread).
     read_by: str = "spark"
 
     def release(self) -> None:
@@ -137,6 +139,14 @@ def read_day(spark: SparkSession, settings: Settings, choice: SourceChoice, trad
     if choice.source == "kafka":
         return read_kafka(spark, settings, choice, trade_date, driver_read)
     return read_db(spark, settings, choice, choice.ledgers, trade_date, driver_read)
+
+
+def worker_reads(settings: Settings) -> bool:
+    """Whether a Kafka day that is not the driver's is read by the tasks' Python workers
+    (settlement.spark.kafkaread): the switch on, a local master, the native classifier off
+    (it classifies what Spark's source fetched)."""
+    return (settings.spark_kafka_worker_read and settings.spark_master.startswith("local")
+            and not settings.native_trades)
 
 
 def driver_reads(settings: Settings, choice: SourceChoice) -> bool:
@@ -159,8 +169,22 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         try:
             return _kafka_read(spark, smallday.kafka_day(spark, settings, choice.kafka_ranges),
                                [], trade_date, "driver")
-        except smallday.TooLarge:
+        except kafkaread.TooLarge:
             pass  # few messages but large ones: Spark's tasks stream them instead
+    # Parsed and checked once; everything below reads the cached verdicts (uncompressed when
+    # the range fits the storage memory comfortably: every offset is at most one row).
+    offsets = sum(end - start for start, end in choice.kafka_ranges.values())
+    if worker_reads(settings):
+        classified = persist_sized(spark, P.classify_kafka_ranges(
+            spark, settings.kafka_client_config(), settings.topic, choice.kafka_ranges,
+            settings.max_message_bytes), offsets, VERDICT_ROW_BYTES)
+        try:  # the first pass over the verdicts is where the workers read
+            return _kafka_read(spark, classified, [], trade_date, "workers")
+        except PythonException as e:
+            error = kafkaread.worker_error(str(e))
+            if error is None:
+                raise
+            raise error from None
     topic = settings.topic
     starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
     ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}
@@ -185,9 +209,6 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         # offset order, which is what lets the classifier dedupe without a shuffle.
         .load()
     )
-    # Parsed and checked once; everything below reads the cached verdicts (uncompressed when
-    # the range fits the storage memory comfortably: every offset is at most one row).
-    offsets = sum(end - start for start, end in choice.kafka_ranges.values())
     staged: list[DataFrame] = []  # the read itself (native path), cached with the verdicts
 
     def keep(df: DataFrame) -> DataFrame:

@@ -43,11 +43,11 @@ parity corpora and of hostile near-canonical values, and shows a looser pattern 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BinaryType,
@@ -68,6 +68,8 @@ from settlement.contract import (
     TRADE,
     TYPE_HEADER,
 )
+from settlement.spark import kafkaread
+from settlement.spark.kafkaread import classify_ranges, consumer_config
 from settlement.spark.native import classify_native, native_columns
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
 from settlement.spark.worker import classify_arrow
@@ -166,6 +168,25 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
     if len(native_parts) == len(verdicts):
         return fast  # no Python worker starts
     return fast.unionByName(python(staged.where(~in_native)))
+
+
+def classify_kafka_ranges(spark: SparkSession, client: Mapping[str, Any], topic: str,
+                          ranges: Mapping[int, tuple[int, int]],
+                          max_value_bytes: int | None = None,
+                          idle_timeout: float | None = None) -> DataFrame:
+    """``classify_kafka_values``' rows for the offset ranges, each Kafka partition's read and
+    classified by one task's Python worker (``settlement.spark.kafkaread.classify_ranges``)
+    with the sites' client (``client``: ``Settings.kafka_client_config()``), not fetched by
+    Spark's Kafka source in the JVM. The longest ranges are the first tasks: on two cores
+    the last task to start is then a short one."""
+    todo = sorted(((p, s, e) for p, (s, e) in ranges.items() if e > s),
+                  key=lambda r: (r[1] - r[2], r[0]))
+    ids = spark.range(0, len(todo), 1, max(1, len(todo)))
+    return ids.mapInArrow(partial(
+        classify_ranges, ranges=todo, config=consumer_config(client), topic=topic,
+        idle_timeout=kafkaread.IDLE_TIMEOUT if idle_timeout is None else idle_timeout,
+        max_bytes=max_value_bytes if max_value_bytes is not None else 2**62),
+        CLASSIFIED_SCHEMA)
 
 
 def stage(raw: DataFrame) -> DataFrame:
