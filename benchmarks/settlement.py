@@ -1,7 +1,7 @@
 """End-of-day settlement throughput from each source, against one SQL GROUP BY.
 
     .venv/bin/python benchmarks/settlement.py [--trades 2000,1000000[,10000000]]
-        [--modes process,warm] [--native on,off] [--jvm on,off] [--driver-read on,off]
+        [--modes process,warm] [--native on,off] [--jvm on,off] [--own-read on,off]
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
@@ -11,8 +11,9 @@ a private ledger, then time in the same run
           cost went (`before_close_seconds`: interpreter and imports until the close began;
           `session_seconds`: JVM and Spark session start; the rest: exit); with --jvm off
           also without the close's class archive and small-day settings (`*_jvm_off`);
-          with --driver-read off also with a small day read by Spark's readers instead of
-          the driver (`*_spark_read`)
+          with --own-read off (alias --driver-read) also with the day read by Spark's
+          Kafka and JDBC readers instead of the close's own (the driver for a small day,
+          the tasks' Python workers for a larger Kafka day): `*_spark_read`
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -176,7 +177,7 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
 
 def one_size(spark: SparkSession | None, base: Settings, n: int,
              modes: set[str], native: set[str], jvm: set[str],
-             driver_read: set[str]) -> dict[str, Any]:
+             own_read: set[str]) -> dict[str, Any]:
     s, env = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -201,15 +202,16 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
             # on the same day.
             # And with the close's JVM as it was before issue 44's class archive and small-day
             # settings (--jvm off: key suffix _jvm_off), for a comparison in the same run.
-            # And a small day read by Spark's readers rather than the driver (--driver-read
+            # And the day read by Spark's readers rather than the close's own (--own-read
             # off: key suffix _spark_read).
             runs = []
             for jvm_mode, read_mode in ((j, r) for j in sorted(jvm, reverse=True)  # on first
-                                        for r in sorted(driver_read, reverse=True)):
+                                        for r in sorted(own_read, reverse=True)):
                 jsuffix, jenv = ("", {}) if jvm_mode == "on" else ("_jvm_off", JVM_OFF)
                 if read_mode == "off":
                     jsuffix += "_spark_read"
-                    jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false"}
+                    jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false",
+                            "SETTLE_SPARK_KAFKA_WORKER_READ": "false"}
                 runs += [(f"process_kafka{suffix}{jsuffix}", "kafka",
                           {"SETTLE_NATIVE_TRADES": flag, **jenv})
                          for flag, suffix, on in (("true", "_native", "on"),
@@ -260,10 +262,11 @@ def main() -> None:
                     help="off, on or on,off: the process Kafka close without the native "
                          "classifier of plain trades (the default), with it "
                          "(process_kafka_native), or both in the same run")
-    ap.add_argument("--driver-read", default="on",
-                    help="on, off or on,off: the process closes of a small day read by the "
-                         "driver (the default), by Spark's Kafka and JDBC readers (keys "
-                         "ending _spark_read), or both in the same run")
+    ap.add_argument("--own-read", "--driver-read", dest="own_read", default="on",
+                    help="on, off or on,off: the process closes with the day read by the "
+                         "close's own readers (the driver for a small day, the tasks' Python "
+                         "workers for a larger Kafka day: the default), by Spark's Kafka and "
+                         "JDBC readers (keys ending _spark_read), or both in the same run")
     args = ap.parse_args()
 
     def on_off(option: str, value: str) -> set[str]:
@@ -274,7 +277,7 @@ def main() -> None:
 
     native = on_off("native", args.native)
     jvm = on_off("jvm", args.jvm)
-    driver_read = on_off("driver-read", args.driver_read)
+    own_read = on_off("own-read", args.own_read)
     sizes = [int(x) for x in args.trades.split(",")]
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     if not modes <= {"process", "warm"}:
@@ -287,7 +290,7 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(spark, base, n, modes, native, jvm, driver_read) for n in sizes]
+        results = [one_size(spark, base, n, modes, native, jvm, own_read) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

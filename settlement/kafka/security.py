@@ -30,9 +30,10 @@ ROLES = ("gateway", "site-a", "site-b", "settlement", "auditor")
 # Iterations for new SCRAM credentials: Kafka accepts 4096 (its minimum) to 16384; more
 # iterations cost the broker more per login and an attacker more per guessed password.
 SCRAM_ITERATIONS = 8192
-# Settlement's consumer groups (prefixes): the source chooser's probe, a small day's read by
-# the close itself (eod-probe-read-...), and Spark's batch Kafka source (which names its
-# internal groups spark-kafka-relation-...). It reads by assignment.
+# Settlement's consumer groups (prefixes): the source chooser's probe, a day's range read by
+# the close itself or its Spark tasks' Python workers (eod-probe-read-...), and Spark's batch
+# Kafka source (which names its internal groups spark-kafka-relation-...). It reads by
+# assignment.
 SETTLEMENT_GROUP_PREFIXES = ("eod-probe-", "spark-kafka-")
 AUDITOR_GROUP_PREFIX = "audit-"
 _USER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

@@ -61,7 +61,9 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     # Busts and corrections: what a clearing house settles is each trade's final state.
     effects = amendment_effects(trades, read.amendments)
     final = T.final_trades(trades, read.amendments if effects else None)
-    pos = T.positions(final, trade_date).persist()
+    # One pass over the day; positions, obligations and instruments are aggregates of it.
+    legs = T.netting_legs(final, trade_date).persist()
+    pos = T.positions_of(legs, trade_date)
     # Sorted here, not by Spark: an orderBy is a sampling job and a range shuffle more per
     # result, and the results are at most accounts x symbols rows (Python's order of str is
     # Spark's of UTF-8 strings: by code point).
@@ -69,12 +71,12 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     obligations = sorted(rows_of(CashObligation, T.cash_obligations(pos).collect()),
                          key=lambda o: o.account)
     instruments = sorted(rows_of(InstrumentSummary,
-                                 T.instrument_summary(final, trade_date).collect()),
+                                 T.instruments_of(legs, trade_date).collect()),
                          key=lambda i: i.symbol)
     per_partition = read.per_partition if read.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
         for r in trades.groupBy("kafka_partition").count().collect()}
-    pos.unpersist()
+    legs.unpersist()
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     result = SettlementResult(
         trade_date=trade_date, source=source, trades=n, duplicates_removed=n_raw - n,

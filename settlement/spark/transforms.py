@@ -83,45 +83,63 @@ def final_trades(trades: DataFrame, amendments: DataFrame | None) -> DataFrame:
     return out.select(fields)
 
 
-def positions(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """Net position per (account, symbol) for one business date (POSITIONS_SCHEMA).
+def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
+    """The day's trades summed per (account, symbol): the one pass over the day that both
+    the positions (``positions_of``) and the instrument summary (``instruments_of``) are
+    taken from, each a small aggregate of this one (a 2M day scanned once instead of twice).
 
     Each trade becomes two legs, the buyer's and the seller's, which are then summed; trades
     of other dates are ignored. ``trade_count`` counts the trades the account took part in on
-    either side (buyer == seller is rejected upstream, so one trade is one leg).
+    either side (buyer == seller is rejected upstream, so one trade is one leg), ``buys``
+    those it bought (a trade has one buyer), ``low_price``/``high_price`` its trades' prices.
     """
     day = _on_date(trades, trade_date)
     amount = _amount(F.col("price"), F.col("quantity"))
     no_qty = F.lit(0).cast(LongType())
     no_amount = F.lit(0).cast(PRODUCT)
 
-    def leg(account: str, bought: Column, sold: Column, paid: Column, got: Column) -> Column:
+    def leg(account: str, bought: Column, sold: Column, paid: Column, got: Column,
+            buys: int) -> Column:
         return F.struct(
             F.col(account).alias("account"),
             bought.alias("bought_qty"),
             sold.alias("sold_qty"),
             paid.alias("buy_amount"),
             got.alias("sell_amount"),
+            F.lit(buys).cast(LongType()).alias("buys"),
         )
 
     qty = F.col("quantity").cast(LongType())
     legs = day.select(
         "symbol",
+        F.col("price").cast(PRICE).alias("price"),
         F.inline(
             F.array(
-                leg("buyer", qty, no_qty, amount, no_amount),
-                leg("seller", no_qty, qty, no_amount, amount),
+                leg("buyer", qty, no_qty, amount, no_amount, 1),
+                leg("seller", no_qty, qty, no_amount, amount, 0),
             )
         ),
     )
-    grouped = legs.groupBy("account", "symbol").agg(
+    return legs.groupBy("account", "symbol").agg(
         F.sum("bought_qty").alias("bought_qty"),
         F.sum("sold_qty").alias("sold_qty"),
         F.sum("buy_amount").cast(AMOUNT).alias("buy_amount"),
         F.sum("sell_amount").cast(AMOUNT).alias("sell_amount"),
         F.count(F.lit(1)).alias("trade_count"),
+        F.sum("buys").alias("buys"),
+        F.min("price").alias("low_price"),
+        F.max("price").alias("high_price"),
     )
-    return grouped.select(
+
+
+def positions(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
+    """Net position per (account, symbol) for one business date (POSITIONS_SCHEMA)."""
+    return positions_of(netting_legs(trades, trade_date), trade_date)
+
+
+def positions_of(legs: DataFrame, trade_date: str | dt.date) -> DataFrame:
+    """The positions (POSITIONS_SCHEMA) from ``netting_legs``' rows."""
+    return legs.select(
         _date_lit(trade_date).alias("trade_date"),
         "account",
         "symbol",
@@ -160,13 +178,20 @@ def cash_obligations(positions: DataFrame) -> DataFrame:
 def instrument_summary(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     """Per symbol: trades, volume, notional, VWAP (notional / volume rounded half-up to 10
     places), low and high price (INSTRUMENT_SUMMARY_SCHEMA)."""
-    day = _on_date(trades, trade_date)
-    grouped = day.groupBy("symbol").agg(
-        F.count(F.lit(1)).alias("trades"),
-        F.sum(F.col("quantity").cast(LongType())).alias("volume"),
-        F.sum(_amount(F.col("price"), F.col("quantity"))).cast(AMOUNT).alias("notional"),
-        F.min(F.col("price").cast(PRICE)).alias("low_price"),
-        F.max(F.col("price").cast(PRICE)).alias("high_price"),
+    return instruments_of(netting_legs(trades, trade_date), trade_date)
+
+
+def instruments_of(legs: DataFrame, trade_date: str | dt.date) -> DataFrame:
+    """The instrument summary (INSTRUMENT_SUMMARY_SCHEMA) from ``netting_legs``' rows: every
+    trade is one buy of one account, so a symbol's trades, volume and notional are its
+    accounts' buys, bought quantities and buy amounts (exact: sums of decimals of scale 4),
+    its low and high the lowest and highest of theirs."""
+    grouped = legs.groupBy("symbol").agg(
+        F.sum("buys").alias("trades"),
+        F.sum("bought_qty").alias("volume"),
+        F.sum("buy_amount").cast(AMOUNT).alias("notional"),
+        F.min("low_price").alias("low_price"),
+        F.max("high_price").alias("high_price"),
     )
     return grouped.select(
         _date_lit(trade_date).alias("trade_date"),
