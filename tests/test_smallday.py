@@ -40,6 +40,27 @@ def test_the_type_header_is_read_as_spark_stages_it() -> None:
     assert kafkaread.message_type([("x", b"y"), (kind, b"close"), (kind, b"trade")]) == b"close"
 
 
+def test_a_polls_messages_in_the_range_are_taken_in_order() -> None:
+    """What a poll of one partition contributes: the messages after the offset read last and
+    before the range's end (a later day's are left), whether the client returned them in
+    offset order (a slice) or not (each checked against the last taken)."""
+    class Msg:
+        def __init__(self, offset: int) -> None:
+            self._offset = offset
+
+        def offset(self) -> int:
+            return self._offset
+
+    def taken(offsets: list[int], reached: int, end: int) -> list[int]:
+        return [m.offset() for m in kafkaread._in_range([Msg(o) for o in offsets], reached, end)]
+
+    assert taken([5, 6, 7, 9, 12, 13], 6, 13) == [7, 9, 12]
+    assert taken([5, 6], 6, 13) == [] and taken([13, 14], 6, 13) == []
+    assert taken([], 0, 5) == [] and taken([0], -1, 1) == [0]
+    # Out of order (never seen from the client): nothing at or before the last taken twice.
+    assert taken([7, 9, 8, 10, 4, 11, 14], 6, 13) == [7, 9, 10, 11]
+
+
 def test_only_a_counted_small_day_is_read_by_the_driver(settings: Settings) -> None:
     from settlement.eod.model import LedgerState, PartitionStats
     from settlement.spark.io import driver_reads
