@@ -479,6 +479,13 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         _plant_a_foreign_kafka_volume()
         up = _make("stack-up", timeout=2400)
         assert up["stale_removed"] is True  # else its broker would refuse the storage
+        # No earlier build of an image is left untagged behind its tag (each is GBs).
+        from settlement.stack.images import BUILT_LABEL
+
+        left = subprocess.run(["docker", "images", "--quiet", "--filter", "dangling=true",
+                               "--filter", f"label={BUILT_LABEL}"], capture_output=True,
+                              text=True, timeout=60, check=True).stdout.split()
+        assert not left, f"untagged earlier builds left behind: {left}"
         for key in ("kafka_bootstrap", "kafka_config", "topic", "postgres_dsn", "airflow_url",
                     "airflow_user", "airflow_password", "secrets_file"):
             assert up[key], key
