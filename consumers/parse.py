@@ -508,7 +508,7 @@ def message_type(headers: list[tuple[str, bytes]] | None) -> str:
 
 
 # -- replays: identical copies are duplicates, conflicting ones dead letters ---------------------
-def _instant(executed_at: str) -> str:
+def utc_instant(executed_at: str) -> str:
     """``executed_at`` as one canonical UTC text: equal instants give equal text, as equal
     ``timestamptz`` values do in the ledger (``...T15:00:00+01:00`` is ``...T14:00:00Z``,
     ``.500000`` is ``.5``). The common form (``Z``) costs a few string operations."""
@@ -529,7 +529,7 @@ def fingerprint(t: tuple[str, str, int, str, str, int, str, str, str]) -> int:
     if "." in price:
         price = price.rstrip("0").rstrip(".")
     return hash((trade_date, seq, symbol, price, quantity, buyer, seller,
-                 _instant(executed_at)))
+                 utc_instant(executed_at)))
 
 
 def conflict_reason(trade_id: str, kept_partition: int, kept_offset: int) -> str:

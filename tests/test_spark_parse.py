@@ -239,7 +239,7 @@ def test_the_workers_batch_fingerprints_are_the_sites() -> None:
     """``worker.fingerprints`` normalises a batch's prices and execution times with Arrow; it
     must give ``consumers.parse.fingerprint`` of each trade, equal copies equal (10.5 is
     10.50, 15:00+01:00 is 14:00Z, .500000 is .5) and different ones different, for a batch
-    in UTC (Arrow's path) and one with an offset in it (``_instant``'s)."""
+    in UTC (Arrow's path) and one with an offset in it (``utc_instant``'s)."""
     from consumers.parse import fingerprint
     from settlement.spark.worker import fingerprints
 

@@ -97,7 +97,7 @@ def read_ranges(config: Mapping[str, Any], topic: str, ranges: Mapping[int, tupl
     # goes on until its deadline, and the last one is named if it is not met.
     passing = {KafkaError._PARTITION_EOF, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
     last_error = ""
-    held, limit = 0, 2**63 if max_bytes is None else max_bytes
+    held = 0
     todo = {p: r for p, r in ranges.items() if r[1] > r[0]}
     rows: dict[int, tuple[list[int], list[bytes | None], list[bytes]]] = {
         p: ([], [], []) for p in todo}
@@ -143,8 +143,9 @@ def read_ranges(config: Mapping[str, Any], topic: str, ranges: Mapping[int, tupl
                 values = [m.value() for m in msgs]
                 if max_bytes is not None:
                     held += sum(len(v) for v in values if v is not None)
-                    if held > limit:
-                        raise TooLarge(f"the range holds more than {limit} bytes of messages")
+                    if held > max_bytes:
+                        raise TooLarge(f"the range holds more than {max_bytes} bytes of "
+                                       "messages")
                 offsets, kept, kinds = rows[p]
                 offsets.extend([m.offset() for m in msgs])
                 kept.extend(values)

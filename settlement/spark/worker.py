@@ -286,15 +286,15 @@ def fingerprints(trades: list[tuple[str, str, int, str, str, int, str, str, str]
     """``consumers.parse.fingerprint`` of each plain trade, equal to it (the same hash of the
     same tuple), with its two normalisations made by Arrow over the batch: the price without
     trailing zeros after its point, the execution time's UTC text without them (an
-    execution time not in UTC, rare, is converted by ``_instant`` itself)."""
-    from consumers.parse import _instant
+    execution time not in UTC, rare, is converted by ``utc_instant`` itself)."""
+    from consumers.parse import utc_instant
 
     _, tdate, seq, sym, price, qty, buyer, seller, at = zip(*trades, strict=True)
     at_text = pa.array(at, pa.string())
     if pc.all(pc.ends_with(at_text, "Z")).as_py():
         instants = _no_trailing_zeros(pc.utf8_slice_codeunits(at_text, 0, -1)).to_pylist()
     else:
-        instants = list(map(_instant, at))
+        instants = list(map(utc_instant, at))
     prices = _no_trailing_zeros(pa.array(price, pa.string())).to_pylist()
     return list(map(hash, zip(tdate, seq, sym, prices, qty, buyer, seller, instants,
                               strict=True)))
