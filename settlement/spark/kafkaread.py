@@ -5,8 +5,8 @@ Two readers use it: the driver, for a small day (``settlement.spark.smallday``),
 Spark task's Python worker, for any other day on a local master (``classify_ranges``): the
 task reads its Kafka partition's range and classifies it in the same process, so the
 messages never pass through the JVM on their way in. Spark's Kafka source fetched them in the
-JVM, built a row of each, and wrote them to the worker as Arrow: on a 2M day in a fresh JVM
-about 10 s of a 27 s read, most of it compiling that path (docs/benchmarks.md).
+JVM, built a row of each, and wrote them to the worker as Arrow: fetching a 2M day took 10.4 s
+as a fresh JVM's first job (4.1 s once warmed), of a 27 s read (docs/benchmarks.md).
 
 Imports nothing of Spark nor the settings: a worker imports this module to run
 ``classify_ranges``; it gets the client's configuration as a plain dict.
