@@ -114,6 +114,20 @@ def test_only_http_and_relative_links_are_followed(url: Any) -> None:
         assert "<script" not in page
 
 
+def test_the_runs_own_data_docs_pages_are_listed_and_only_safe_ones_followed() -> None:
+    facts = _facts()
+    facts["validation"]["data_docs_pages"] = {
+        "trades_day@settlement_trades": "https://docs.example/validations/trades_day/r.html",
+        "read_copies@as_read": "file:///srv/gx/validations/read_copies/r.html",
+        "x@y": "javascript:alert(1)"}
+    page = render_html(facts)
+    pages = page.split('<ul class="docs-pages">', 1)[1].split("</ul>", 1)[0]
+    assert pages.count("<li>") == 3
+    assert '<a href="https://docs.example/validations/trades_day/r.html">' in pages
+    assert "<code>file:///srv/gx/validations/read_copies/r.html</code>" in pages
+    assert pages.count("<a href") == 1 and "<code>javascript:alert(1)</code>" in pages
+
+
 @pytest.mark.parametrize("url", ["https://x.example/docs", "http://x/y", "docs/index.html"])
 def test_http_and_relative_links_stay(url: str) -> None:
     assert safe_link(url) == url

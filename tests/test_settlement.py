@@ -222,6 +222,34 @@ def test_only_validated_results_are_published(settled_day: Isolated) -> None:
         run_eod(s, DATE, source="db", accept_incomplete="  ")
 
 
+def test_a_netting_that_fails_beside_the_suites_fails_the_run(
+        settled_day: Isolated, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suites run in a thread while the day is netted. A netting error fails the run in
+    its own words, and the close returns only once its suites stopped (the invariants' wait
+    for the positions fails too): no thread is left querying the day it released."""
+    import threading
+
+    import settlement.spark.settle as S
+
+    s = settled_day.settings
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("netting broke: injected")
+
+    monkeypatch.setattr(S, "net_day", broken)
+    with pytest.raises(RuntimeError, match="netting broke: injected"):
+        run_eod(s, DATE, source="db")
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("validation")]
+    runs = _table(s.settlement_dsn, "select status, published_at is null, error from "
+                  "settlement_runs where trade_date = %s order by run_id")
+    assert runs[-1][:2] == ("failed", True) and "netting broke: injected" in runs[-1][2]
+    assert published_positions(s.settlement_dsn, DATE) == (b"", None)
+    monkeypatch.undo()
+    good = run_eod(s, DATE, source="db")
+    assert good["published"] and good["validation_success"]
+    assert good["timings"]["validate_seconds"] > 0
+
+
 def test_an_older_run_never_publishes_over_a_newer_one(isolated: Isolated) -> None:
     """Two runs of a date: the newer publishes first, the older finishes late. The late one
     must not replace the newer day (its asset was already emitted)."""

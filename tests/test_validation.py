@@ -277,6 +277,46 @@ def test_a_good_day_passes_every_check(spark: SparkSession,  # noqa: F811
              for p in (index.parent / "validations").rglob("*.html")
              if p.stat().st_mtime >= started - 1}
     assert pages == {c.suite for c in out.checks}, pages
+    # Each suite's page of this run is named in the outcome (the report links them): the
+    # index lists only the newest results.
+    assert set(out.data_docs_pages) == {f"{c.suite}@{c.asset}" for c in out.checks}
+    for name, url in out.data_docs_pages.items():
+        page = Path(urlparse(url).path)
+        assert page.is_file() and page.stat().st_mtime >= started - 1, name
+        assert name.split("@")[0] in page.parts, (name, page)
+
+
+INDEX_LINK = re.compile(r"validations/[^'\"]+\.html")
+
+
+def test_the_data_docs_index_lists_only_the_newest_results(spark: SparkSession  # noqa: F811
+                                                           ) -> None:
+    """An unbounded index read every stored result at each build. With a limit of 3 the
+    index links 3 result pages, this run's among them, while older pages stay on disk."""
+    from urllib.parse import urlparse
+
+    from settlement.validation.run import limit_docs_index
+
+    context = get_context()
+    site = next(iter(context.variables.data_docs_sites.values()))
+    assert site["site_index_builder"]["validation_results_limit"] == 100
+    out = validate(spark, Day(), everything=True)  # at least the 9 results of a good day
+    assert out.data_docs is not None
+    index = Path(urlparse(out.data_docs).path)
+    listed_before = set(INDEX_LINK.findall(index.read_text()))
+    assert len(listed_before) > 3
+    context = get_context()
+    site = next(iter(context.variables.config["data_docs_sites"].values()))
+    site["site_index_builder"].pop("validation_results_limit")
+    limit_docs_index(context, 3)
+    newest = list(out.data_docs_pages.values())[-1]  # the last suite run: the newest result
+    key = next(k for k in context.validation_results_store.list_keys()
+               if newest.endswith("/".join(k.to_tuple()) + ".html"))
+    context.build_data_docs(resource_identifiers=[key], build_index=True)
+    listed = set(INDEX_LINK.findall(index.read_text()))
+    assert len(listed) == 3, listed
+    assert any(newest.endswith(p) for p in listed), (newest, listed)
+    assert all((index.parent / p).is_file() for p in listed_before)
 
 
 def test_a_ledger_sourced_day_skips_the_checks_that_cannot_fail(spark: SparkSession  # noqa: F811

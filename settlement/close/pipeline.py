@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -228,6 +229,22 @@ def _since_process_start() -> float:
     return round(max(uptime - started, 0.0), 3)
 
 
+def _in_thread(name: str, fn: Callable[[], T]) -> Future[T]:
+    """``fn`` running in a thread of its own, its result (or error) in the future."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return pool.submit(fn)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _timed_here(fn: Callable[[], T]) -> tuple[T, float]:
+    """``fn``'s result and its seconds (for a step timed in another thread)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, round(time.perf_counter() - t0, 3)
+
+
 def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
     t0 = time.perf_counter()
     try:
@@ -357,7 +374,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     imports_t0 = time.perf_counter()
     from settlement.report import write_report
     from settlement.spark.io import read_day
-    from settlement.spark.settle import settle_day
+    from settlement.spark.settle import dedupe_day, net_day
     from settlement.validation.day import (
         ledger_figures_ahead,
         record_validation,
@@ -369,7 +386,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     run_id = begin_run(settings, trade_date, choice, lease)
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
-    read = settled = None
+    read = day = settled = None
+    validating: Future[ValidationOutcome] | None = None
     outcome: ValidationOutcome | None = None
     finished = False  # a finished run's row is append-only (migration 0007)
     if validate:
@@ -391,18 +409,37 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         summary["read_by"] = read.read_by
         lease.ensure_held()
         say("settling (dedupe and netting)")
-        settled = _timed(timings, "settle",
-                         lambda: settle_day(read, trade_date, choice.source))
+        settle_t0 = time.perf_counter()
+        day = dedupe_day(read)
+        positions: Future[list[Position]] = Future()
+        if validate:
+            # The suites run while the day is netted: they need the deduplicated day, and
+            # only the last (the invariants) the positions, which it waits for. On two cores
+            # GX's Python and the suites' queries fill what netting leaves idle (its jobs'
+            # planning, its single-task stages).
+            lease.ensure_held()
+            say("validating (Great Expectations) while netting")
+            validating = _in_thread("validation", lambda: _timed_here(lambda: validate_day(
+                    settings, spark, trade_date, choice, read, day.trades, positions.result,
+                    ahead, final=day.final, docs_in_background=True)))
+        try:
+            settled = net_day(day, read, trade_date, choice.source)
+        except BaseException as e:
+            positions.set_exception(e)
+            raise
+        positions.set_result(settled.result.positions)
+        timings["settle_seconds"] = round(time.perf_counter() - settle_t0, 3)
         lease.ensure_held()
         result = settled.result
         result.timings = {**timings, **result.timings}
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
-        if validate:
+        if validating is not None:
             lease.ensure_held()
-            say("validating (Great Expectations)")
-            outcome = _timed(result.timings, "validate", lambda: validate_day(
-                settings, spark, trade_date, choice, read, settled.trades, result.positions,
-                ahead, final=settled.final, docs_in_background=True))
+            outcome, validate_seconds = _timed(result.timings, "validate_wait",
+                                               validating.result)
+            validating = None
+            # The suites' own time, from the day's dedupe (most of it beside the netting).
+            result.timings["validate_seconds"] = validate_seconds
         pub = decide_publication(outcome, accept_incomplete)
         if hold and pub.published:
             pub = Publication(False, None, "validation passed: held for an operator's approval "
@@ -472,12 +509,17 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
                            error=f"{type(e).__name__}: {e}")
         raise
     finally:
+        if validating is not None:
+            # A close that failed while validating: its suites end before the day they
+            # query is released (the invariants' wait for positions fails at once).
+            with contextlib.suppress(BaseException):
+                outcome = validating.result()[0]
         if outcome is not None:  # a close that failed after validating: no pages left behind
             with contextlib.suppress(Exception):
                 outcome.wait_for_docs()
         discard_prepared(settings)  # one it did not take is this close's only
-        if settled is not None:
-            settled.trades.unpersist()
+        if day is not None:
+            day.trades.unpersist()
         if read is not None:
             read.release()
     return summary

@@ -57,6 +57,12 @@ def safe_link(url: Any) -> str | None:
     return None
 
 
+def _link(url: str) -> str:
+    """A followable link, or the address as text (``safe_link``)."""
+    link = safe_link(url)
+    return f'<a href="{_e(link)}">{_e(link)}</a>' if link else f"<code>{_e(url)}</code>"
+
+
 def _table(headers: list[str], rows: list[list[Any]], numeric: set[int] | None = None) -> str:
     numeric = numeric or set()
     head = "".join(f'<th class="{"n" if i in numeric else ""}">{_e(h)}</th>'
@@ -221,10 +227,12 @@ def render_html(f: dict[str, Any]) -> str:
         "<h2>Validation</h2>",
     ]
     if v.get("data_docs"):
-        link = safe_link(v["data_docs"])
-        out.append(f'<p>Great Expectations Data Docs: <a href="{_e(link)}">'
-                   f'{_e(link)}</a></p>' if link else
-                   f"<p>Great Expectations Data Docs: <code>{_e(v['data_docs'])}</code></p>")
+        out.append(f"<p>Great Expectations Data Docs: {_link(v['data_docs'])}</p>")
+    if v.get("data_docs_pages"):
+        # The run's own pages: the index lists only the newest results.
+        out.append('<ul class="docs-pages">' + "".join(
+            f"<li>{_e(name)}: {_link(url)}</li>"
+            for name, url in sorted(v["data_docs_pages"].items())) + "</ul>")
     if v["failures"]:
         out.append(_table(["suite", "check", "observed", "examples"],
                           [[c["suite"] + "@" + c["asset"], c["name"], c["observed"],

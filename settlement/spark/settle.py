@@ -35,7 +35,19 @@ class SettledDay:
     final: DataFrame | None = None
 
 
-def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
+@dataclass
+class DedupedDay:
+    """The day as it will be netted, before netting: what validation needs of it."""
+    trades: DataFrame  # the deduplicated day as sent, cached: unpersist when done
+    final: DataFrame  # in final states (cancels and corrections applied)
+    effects: list[AmendmentEffect]
+    trades_count: int
+    raw_count: int  # before dedupe
+    timings: dict[str, float]
+
+
+def dedupe_day(read: DayRead) -> DedupedDay:
+    """The read day deduplicated and cached, its busts and corrections applied (lazily)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if read.unique_ids:
@@ -56,13 +68,20 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
         n = trades.count()
     # The first action on the day: for a database read this is where the rows arrive.
     timings["dedupe_seconds"] = round(time.perf_counter() - t0, 3)
-
     t1 = time.perf_counter()
     # Busts and corrections: what a clearing house settles is each trade's final state.
     effects = amendment_effects(trades, read.amendments)
     final = T.final_trades(trades, read.amendments if effects else None)
+    timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
+    return DedupedDay(trades, final, effects, n, n_raw, timings)
+
+
+def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str) -> SettledDay:
+    """Positions, obligations and instrument summaries of a deduplicated day."""
+    timings = dict(day.timings)
+    t1 = time.perf_counter()
     # One pass over the day; positions, obligations and instruments are aggregates of it.
-    legs = T.netting_legs(final, trade_date).persist()
+    legs = T.netting_legs(day.final, trade_date).persist()
     pos = T.positions_of(legs, trade_date)
     # Sorted here, not by Spark: an orderBy is a sampling job and a range shuffle more per
     # result, and the results are at most accounts x symbols rows (Python's order of str is
@@ -75,17 +94,23 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
                          key=lambda i: i.symbol)
     per_partition = read.per_partition if read.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
-        for r in trades.groupBy("kafka_partition").count().collect()}
+        for r in day.trades.groupBy("kafka_partition").count().collect()}
     legs.unpersist()
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     result = SettlementResult(
-        trade_date=trade_date, source=source, trades=n, duplicates_removed=n_raw - n,
+        trade_date=trade_date, source=source, trades=day.trades_count,
+        duplicates_removed=day.raw_count - day.trades_count,
         malformed=read.malformed, positions=positions, obligations=obligations,
         instruments=instruments, netting=netting(obligations),
         close_markers=read.close_markers, trades_per_partition=per_partition,
-        timings=timings, late_in_range=read.late, amendments=effects,
+        timings=timings, late_in_range=read.late, amendments=day.effects,
     )
-    return SettledDay(result, trades, final)
+    return SettledDay(result, day.trades, day.final)
+
+
+def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
+    """Dedupe and net, one after the other (a close validates between the two)."""
+    return net_day(dedupe_day(read), read, trade_date, source)
 
 
 def amendment_effects(trades: DataFrame, amendments: DataFrame | None) -> list[AmendmentEffect]:

@@ -25,7 +25,7 @@ from settlement.spark.figures import (
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import local_frame
-from settlement.validation.run import ValidationOutcome, register_views, run_suites
+from settlement.validation.run import Frame, ValidationOutcome, register_views, run_suites
 
 __all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
 # The drill-down lists at most this many differing buckets by name (all are counted).
@@ -46,7 +46,7 @@ def validate_frames(
     as_read: DataFrame,
     settlement_trades: DataFrame,
     close_markers: dict[int, int],
-    positions: DataFrame | None = None,
+    positions: Frame | None = None,
     ledger: DataFrame | DaySide | None = None,
     kafka: DataFrame | None = None,
     ledger_a: DataFrame | DaySide | None = None,

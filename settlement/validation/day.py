@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from settlement.spark.io import DayRead, ledger_amendments, read_ledger
 from settlement.spark.schemas import AMENDMENT_SCHEMA, POSITIONS_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import local_frame
 from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
-from settlement.validation.run import ValidationOutcome
+from settlement.validation.run import Frame, ValidationOutcome
 
 
 def _ledger_frame(spark: SparkSession, settings: Settings, choice: SourceChoice, read: DayRead,
@@ -115,7 +116,7 @@ def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, n
 
 def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
-                 positions: list[Position] | None,
+                 positions: list[Position] | Callable[[], list[Position]] | None,
                  ahead: LedgerFigures | None = None,
                  final: DataFrame | None = None,
                  docs_in_background: bool = False) -> ValidationOutcome:
@@ -127,6 +128,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     by its figures in PostgreSQL (``ledger_side``; ``ahead``: those started early by
     ``ledger_figures_ahead``), without reading its trades. ``final``: the day in final
     states (cancels and corrections applied), when it differs from ``trades``.
+    ``positions`` as a function: called when the invariants' suite runs, the last (a close
+    nets the day while the suites before it run).
     ``docs_in_background``: ``run_suites``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
@@ -177,8 +180,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         spark, trade_date=trade_date, partitions=choice.partitions or settings.partitions,
         as_read=read.as_read,
         settlement_trades=trades, close_markers=read.close_markers or choice.close_markers(),
-        positions=None if positions is None
-        else local_frame(spark, positions, POSITIONS_SCHEMA),
+        positions=None if positions is None else _positions_frame(spark, positions),
         ledger=ledger, kafka=trades if choice.source == "kafka" else None,
         ledger_a=ledger_a, ledger_b=ledger_b,
         data_loss=local_frame(spark, choice.data_loss(), DATA_LOSS_SCHEMA),
@@ -193,6 +195,14 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         docs_in_background=docs_in_background,
     )
 
+
+
+def _positions_frame(spark: SparkSession,
+                     positions: list[Position] | Callable[[], list[Position]]) -> Frame:
+    if callable(positions):
+        netted = positions
+        return lambda: local_frame(spark, netted(), POSITIONS_SCHEMA)
+    return local_frame(spark, positions, POSITIONS_SCHEMA)
 
 
 def record_validation(settings: Settings, run_id: int, outcome: ValidationOutcome,

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,18 @@ from settlement.validation.suites import SuitePlan, all_suites
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
+# A suite's frame, or what makes it when the suite's turn comes (a close's positions, netted
+# while the suites before run).
+Frame = DataFrame | Callable[[], DataFrame]
+
 DATASOURCE = "settlement_spark"
 BATCH = "whole_day"
+# The Data Docs index lists this many of the newest validation results (GX's
+# ``validation_results_limit``; gx/great_expectations.yml may set its own). Unbounded, every
+# build read and parsed every result ever stored: a close paid 1.2 s for 600 of them, and a
+# year of closes would pay ten times that. Older runs keep their pages, which the run's
+# ``data_docs_pages`` (and its audit report) link directly.
+DOCS_INDEX_RESULTS = 100
 EXAMPLES = 10
 
 
@@ -53,6 +64,9 @@ class ValidationOutcome:
     skipped: dict[str, str]  # suite@asset -> why it did not apply
     data_docs: str | None
     seconds: dict[str, float] = field(default_factory=dict)  # suite@asset -> its run's time
+    # suite@asset -> this run's own Data Docs page (listed by the index only while it is
+    # among the newest ``DOCS_INDEX_RESULTS``; the page itself stays).
+    data_docs_pages: dict[str, str] = field(default_factory=dict)
     # What the checksums found before any check ran: buckets compared, which differed and
     # were searched trade by trade (``settlement.spark.figures``).
     figures: dict[str, Any] = field(default_factory=dict)
@@ -64,6 +78,7 @@ class ValidationOutcome:
         if self.docs_pending is not None:
             if not self.docs_pending.result():
                 self.data_docs = None
+                self.data_docs_pages = {}
             self.docs_pending = None
 
     @property
@@ -86,6 +101,7 @@ class ValidationOutcome:
                 "warnings": [c.as_dict() for c in self.warnings],
                 "passed": [f"{c.suite}@{c.asset}: {c.name}" for c in self.checks if c.success],
                 "skipped": self.skipped, "data_docs": self.data_docs,
+                "data_docs_pages": self.data_docs_pages,
                 "seconds": self.seconds, "figures": self.figures}
 
 
@@ -122,7 +138,19 @@ def get_context(settings: Settings | None = None) -> Any:
                 f"cannot create the Great Expectations project at {root} from {source}: {e}; "
                 "set SETTLE_GX_DIR (or SETTLE_STATE_DIR) to a writable folder"
             ) from None
-    return gx.get_context(mode="file", context_root_dir=str(root))
+    context = gx.get_context(mode="file", context_root_dir=str(root))
+    limit_docs_index(context)
+    return context
+
+
+def limit_docs_index(context: Any, limit: int = DOCS_INDEX_RESULTS) -> None:
+    """Each Data Docs site's index lists at most ``limit`` results unless the project's
+    great_expectations.yml sets a limit of its own (a project seeded before the shipped one
+    had it). In memory only: GX reads the site's settings when it builds (the raw settings:
+    ``variables.data_docs_sites`` is a substituted copy)."""
+    for site in (context.variables.config["data_docs_sites"] or {}).values():
+        index = site.setdefault("site_index_builder", {"class_name": "DefaultSiteIndexBuilder"})
+        index.setdefault("validation_results_limit", limit)
 
 
 def _same_suite(a: Any, b: Any) -> bool:
@@ -325,7 +353,7 @@ def _ready_context() -> tuple[Any, dict[str, Any]]:
     return _context_and_checkpoints()
 
 
-def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None = None,
+def run_suites(frames: dict[str, Frame | None], skip: dict[str, str] | None = None,
                only: set[str] | None = None, docs_in_background: bool = False
                ) -> ValidationOutcome:
     """Validate each asset's frame with its suites; an asset without a frame is skipped.
@@ -333,10 +361,12 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
     ``skip`` maps a suite name, or one ``suite@asset``, to a reason it does not apply (e.g.
     no Kafka to reconcile); ``only`` restricts the run to some ``suite@asset`` names.
     ``docs_in_background``: Data Docs are built in a thread; ``wait_for_docs`` before the
-    outcome's ``data_docs`` is read.
+    outcome's ``data_docs`` is read. A frame given as a function is made when its suite
+    runs (the suites run in ``all_suites()``'s order).
     """
     context, checkpoints = _ready_context()
     built: list[Any] = []  # what this run adds to Data Docs
+    pages: dict[str, str] = {}
     skipped: dict[str, str] = {}
     checks: list[CheckResult] = []
     seconds: dict[str, float] = {}
@@ -349,11 +379,17 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
         if df is None or why:
             skipped[name] = why or f"no {plan.asset} data for this run"
             continue
+        if not isinstance(df, DataFrame):
+            df = df()
         t0 = time.perf_counter()
         res = _run_checkpoint(context, checkpoints, name, df)
         seconds[name] = round(time.perf_counter() - t0, 3)
         built.extend(res.run_results)
         built.extend(k.expectation_suite_identifier for k in res.run_results)
+        for key in res.run_results:
+            page = _docs_url(context, only_if_exists=False, resource=key)
+            if page is not None:
+                pages[name] = page
         for vres in res.run_results.values():
             for er in vres.results:
                 meta = er.expectation_config.meta or {}
@@ -369,22 +405,25 @@ def run_suites(frames: dict[str, DataFrame | None], skip: dict[str, str] | None 
                     severity=str(getattr(severity, "value", severity)),
                 ))
     if not docs_in_background:
-        docs = _docs_url(context) if _build_docs(context, built) else None
-        return ValidationOutcome(checks, skipped, docs, seconds)
+        ok = _build_docs(context, built)
+        return ValidationOutcome(checks, skipped, _docs_url(context) if ok else None, seconds,
+                                 data_docs_pages=pages if ok else {})
     # The verdict does not wait for the pages: the close publishes, writes its instructions
     # and its report (which links the site: its URL whether or not the index exists yet, as
     # in a new GX project) meanwhile, then waits (``wait_for_docs``).
     outcome = ValidationOutcome(checks, skipped, _docs_url(context, only_if_exists=False),
-                                seconds)
+                                seconds, data_docs_pages=pages)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="data-docs")
     outcome.docs_pending = pool.submit(_build_docs, context, built)
     pool.shutdown(wait=False)
     return outcome
 
 
-def _docs_url(context: Any, only_if_exists: bool = True) -> str | None:
+def _docs_url(context: Any, only_if_exists: bool = True, resource: Any = None) -> str | None:
+    """The site's index, or with ``resource`` (a validation result's key) its page."""
     try:
-        urls = context.get_docs_sites_urls(only_if_exists=only_if_exists)
+        urls = context.get_docs_sites_urls(resource_identifier=resource,
+                                           only_if_exists=only_if_exists)
     except Exception:  # noqa: BLE001 - a missing docs site must not hide the verdict
         return None
     return urls[0]["site_url"] if urls else None
