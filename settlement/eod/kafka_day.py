@@ -235,20 +235,37 @@ def locate_in_partition(log: PartitionLog, low: int, day: str,
 def locate_day(settings: Settings, day: str, partitions: list[int],
                recorded: dict[int, int], previous: dict[int, int], timeout: float
                ) -> dict[int, DayInPartition]:
-    """The day on every partition, or NotLocated saying where it failed."""
+    """The day on every partition, or NotLocated saying where it failed (the first partition
+    in ``partitions``' order that failed). The partitions are searched at once, each by a
+    consumer of its own: a search is round trips to the broker, and one after another they
+    made a 2M-trade day's choice of source 1.2-1.8 s."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not partitions:
+        return {}
+    group = f"eod-probe-{uuid.uuid4().hex}"
+    with ThreadPoolExecutor(max_workers=min(len(partitions), LOCATE_THREADS),
+                            thread_name_prefix="locate-day") as pool:
+        found = list(pool.map(lambda p: _locate_one(settings, group, day, p, recorded.get(p),
+                                                    previous.get(p), timeout), partitions))
+    return dict(zip(partitions, found, strict=True))
+
+
+# Partitions searched at once (each thread its own consumer and connections).
+LOCATE_THREADS = 8
+
+
+def _locate_one(settings: Settings, group: str, day: str, p: int, recorded: int | None,
+                previous: int | None, timeout: float) -> DayInPartition:
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    c = Consumer({**settings.kafka_client_config(), "group.id": f"eod-probe-{uuid.uuid4().hex}",
+    c = Consumer({**settings.kafka_client_config(), "group.id": group,
                   "isolation.level": "read_committed", "enable.auto.commit": False,
                   "fetch.wait.max.ms": 10, "enable.partition.eof": True, "log_level": 3})
     try:
-        out: dict[int, DayInPartition] = {}
-        for p in partitions:
-            low, high = c.get_watermark_offsets(TopicPartition(settings.topic, p),
-                                                timeout=timeout)
-            log = PartitionLog(c, settings.topic, p, high, settings.max_message_bytes, timeout)
-            out[p] = locate_in_partition(log, low, day, recorded.get(p), previous.get(p))
-        return out
+        low, high = c.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=timeout)
+        log = PartitionLog(c, settings.topic, p, high, settings.max_message_bytes, timeout)
+        return locate_in_partition(log, low, day, recorded, previous)
     except KafkaException as e:
         raise NotLocated(f"Kafka failed while locating the day: {e}") from None
     finally:
