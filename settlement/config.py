@@ -228,7 +228,9 @@ class Settings(BaseSettings):
 
     # Spark.
     spark_master: str = "local[2]"
-    spark_driver_memory: str = "2g"
+    # The close's driver JVM heap (local masters hold the cached day there): "auto" sizes it
+    # to the day (settlement.spark.session.driver_memory), or a JVM size such as "6g".
+    spark_driver_memory: str = "auto"
     # The driver JVM a close starts (settlement.spark.jvm): an archive of the classes a close
     # loads, built by the first close and mapped by every later one (next to jars_dir, in
     # "jvm"); and for a small day (at most spark_small_day_rows rows; 0: never) the quick
@@ -353,6 +355,15 @@ class Settings(BaseSettings):
     @classmethod
     def _gx_dir(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("spark_driver_memory")
+    @classmethod
+    def _driver_memory(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v != "auto" and not re.fullmatch(r"[1-9][0-9]*[kmgt]", v):
+            raise ValueError("expected auto (sized to the day) or a JVM memory size such as "
+                             "2g or 6144m")
+        return v
 
     @field_validator("settlement_cycle")
     @classmethod

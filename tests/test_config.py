@@ -39,6 +39,8 @@ def test_external_services(monkeypatch: pytest.MonkeyPatch) -> None:
         ("SETTLE_KAFKA_BROKERS", "2", "SETTLE_KAFKA_BROKERS: expected 1 or 3"),
         ("SETTLE_PG_PORT", "99", "SETTLE_PG_PORT"),
         ("SETTLE_PARTITIONS", "many", "SETTLE_PARTITIONS"),
+        ("SETTLE_SPARK_DRIVER_MEMORY", "lots", "SETTLE_SPARK_DRIVER_MEMORY: expected auto"),
+        ("SETTLE_SPARK_DRIVER_MEMORY", "6 GB", "SETTLE_SPARK_DRIVER_MEMORY: expected auto"),
     ],
 )
 def test_bad_values_name_the_setting(monkeypatch: pytest.MonkeyPatch, var: str, value: str,

@@ -116,6 +116,12 @@ def test_a_driver_in_spark_submit_shares_the_class_archive(
         return
     assert jvm.archive == "building" and f"-XX:ArchiveClassesAtExit={jvm.building}" in text
     assert "-Dmine=1" in text
+    # the CLI's base heap, not spark-submit's 1g; a size the DAG file set stays
+    assert "spark.driver.memory=2048m" in text
+    sized = _hook(master, mode, monkeypatch)
+    sized._conf = {"spark.driver.memory": "5g"}
+    finish_archive(driver_archive(sized, settings), exited_cleanly=False)
+    assert "spark.driver.memory=5g" in " ".join(sized._build_spark_submit_command("job.py"))
     jvm.building.write_bytes(b"archive")  # what the driver JVM writes at its exit
     assert finish_archive(jvm, exited_cleanly=True)
     again = _hook(master, mode, monkeypatch)
