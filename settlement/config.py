@@ -228,9 +228,10 @@ class Settings(BaseSettings):
 
     # Spark.
     spark_master: str = "local[2]"
-    # The close's driver JVM heap (local masters hold the cached day there): "auto" sizes it
-    # to the day (settlement.spark.session.driver_memory), or a JVM size such as "6g".
-    spark_driver_memory: str = "auto"
+    # The close's driver JVM heap (a local master caches the day there), a JVM size. Sizing
+    # it to the day was measured and left (docs/benchmarks.md): a 10M day closed no faster
+    # with 6g than with 2g.
+    spark_driver_memory: str = "2g"
     # The driver JVM a close starts (settlement.spark.jvm): an archive of the classes a close
     # loads, built by the first close and mapped by every later one (next to jars_dir, in
     # "jvm"); and for a small day (at most spark_small_day_rows rows; 0: never) the quick
@@ -360,9 +361,8 @@ class Settings(BaseSettings):
     @classmethod
     def _driver_memory(cls, v: str) -> str:
         v = v.strip().lower()
-        if v != "auto" and not re.fullmatch(r"[1-9][0-9]*[kmgt]", v):
-            raise ValueError("expected auto (sized to the day) or a JVM memory size such as "
-                             "2g or 6144m")
+        if not re.fullmatch(r"[1-9][0-9]*[kmgt]", v):
+            raise ValueError("expected a JVM memory size such as 2g or 6144m")
         return v
 
     @field_validator("settlement_cycle")

@@ -19,6 +19,11 @@ def test_defaults_are_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.site_ledger("a", "shared") == "shared"
 
 
+def test_driver_memory_is_a_jvm_size() -> None:
+    assert load_settings().spark_driver_memory == "2g"
+    assert load_settings(spark_driver_memory=" 6G ").spark_driver_memory == "6g"
+
+
 def test_external_services(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SETTLE_KAFKA_BOOTSTRAP", "k1:9092, k2:9092")
     monkeypatch.setenv("SETTLE_PG_DSN", "postgresql://u:p@db:5432/settlement")
@@ -39,8 +44,8 @@ def test_external_services(monkeypatch: pytest.MonkeyPatch) -> None:
         ("SETTLE_KAFKA_BROKERS", "2", "SETTLE_KAFKA_BROKERS: expected 1 or 3"),
         ("SETTLE_PG_PORT", "99", "SETTLE_PG_PORT"),
         ("SETTLE_PARTITIONS", "many", "SETTLE_PARTITIONS"),
-        ("SETTLE_SPARK_DRIVER_MEMORY", "lots", "SETTLE_SPARK_DRIVER_MEMORY: expected auto"),
-        ("SETTLE_SPARK_DRIVER_MEMORY", "6 GB", "SETTLE_SPARK_DRIVER_MEMORY: expected auto"),
+        ("SETTLE_SPARK_DRIVER_MEMORY", "lots", "SETTLE_SPARK_DRIVER_MEMORY: expected a JVM"),
+        ("SETTLE_SPARK_DRIVER_MEMORY", "6 GB", "SETTLE_SPARK_DRIVER_MEMORY: expected a JVM"),
     ],
 )
 def test_bad_values_name_the_setting(monkeypatch: pytest.MonkeyPatch, var: str, value: str,

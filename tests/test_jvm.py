@@ -15,7 +15,7 @@ import pytest
 
 from settlement.config import load_settings
 from settlement.spark import jvm as J
-from settlement.spark.session import LARGE_DAY, SMALL_DAY, driver_memory, is_small_day
+from settlement.spark.session import LARGE_DAY, SMALL_DAY, is_small_day
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,20 +44,6 @@ def test_small_day_threshold():
     assert is_small_day(s, 1000) and not is_small_day(s, 1001) and not is_small_day(s, None)
     assert not is_small_day(load_settings(spark_small_day_rows=0), 1)
     assert SMALL_DAY.keys() == LARGE_DAY.keys()  # a reused session is always set back
-
-
-def test_auto_driver_memory_grows_with_the_day_within_half_the_host():
-    host = 24 * 1024
-    assert driver_memory("auto", None, host) == "2048m"  # not a close: the base
-    assert driver_memory("auto", 2_000, host) == "2048m"
-    assert driver_memory("auto", 2_000_000, host) == "2048m"
-    assert driver_memory("auto", 2_000_001, host) == "2049m"  # a started million counts
-    assert driver_memory("auto", 10_000_000, host) == "6144m"
-    assert driver_memory("auto", 100_000_000, host) == "12288m"  # half of 24g, no more
-    assert driver_memory("auto", 10_000_000, 2048) == "2048m"  # never below the base
-    assert driver_memory("3g", 10_000_000, host) == "3g"  # an operator's size stands
-    assert load_settings().spark_driver_memory == "auto"
-    assert load_settings(spark_driver_memory=" 6G ").spark_driver_memory == "6g"
 
 
 def test_first_close_builds_the_next_maps(tmp_path, jars):

@@ -117,7 +117,7 @@ def test_a_driver_in_spark_submit_shares_the_class_archive(
     assert jvm.archive == "building" and f"-XX:ArchiveClassesAtExit={jvm.building}" in text
     assert "-Dmine=1" in text
     # the CLI's base heap, not spark-submit's 1g; a size the DAG file set stays
-    assert "spark.driver.memory=2048m" in text
+    assert "spark.driver.memory=2g" in text
     sized = _hook(master, mode, monkeypatch)
     sized._conf = {"spark.driver.memory": "5g"}
     finish_archive(driver_archive(sized, settings), exited_cleanly=False)

@@ -64,12 +64,7 @@ def driver_archive(hook: SparkSubmitHook, settings: Any) -> Any:
     spark.driver.extraJavaOptions. Returns the decision (None for a remote driver, which
     starts on another machine)."""
     from settlement.orchestration.submit_secrets import remote_driver
-    from settlement.spark.session import (
-        driver_memory,
-        plan_driver_jvm,
-        spark_jars,
-        with_driver_options,
-    )
+    from settlement.spark.session import plan_driver_jvm, spark_jars, with_driver_options
 
     conn = hook._connection
     if remote_driver(conn["master"], conn.get("deploy_mode")):
@@ -79,9 +74,9 @@ def driver_archive(hook: SparkSubmitHook, settings: Any) -> Any:
     # own, so the driver's class path is Spark's either way.
     jvm = plan_driver_jvm(settings, spark_jars(settings), small_day=False)
     conf = dict(hook._conf or {})
-    # The driver's heap as the CLI's closes get it (spark-submit's own default is 1g); "auto"
-    # is the base here, the day's size being unknown. A size the DAG file set wins.
-    conf.setdefault("spark.driver.memory", driver_memory(settings.spark_driver_memory, None))
+    # The driver's heap as the CLI's closes get it (spark-submit's own default is 1g). A size
+    # the DAG file set wins.
+    conf.setdefault("spark.driver.memory", settings.spark_driver_memory)
     conf["spark.driver.extraJavaOptions"] = with_driver_options(
         jvm, conf.get("spark.driver.extraJavaOptions"))
     hook._conf = conf

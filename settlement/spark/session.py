@@ -154,35 +154,6 @@ LARGE_DAY: dict[str, str] = {
 }
 
 
-# "auto" driver memory: the base for any session and a day up to BASE_ROWS rows, then
-# PER_MILLION_MB more for each further million rows, up to half the host's memory. A local
-# close caches its day and nets and validates it in the driver's heap: on 2g a 10M day spilled
-# the cache to disk and paid its collections again (docs/benchmarks.md).
-BASE_DRIVER_MB = 2048
-BASE_ROWS = 2_000_000
-PER_MILLION_MB = 512
-
-
-def driver_memory(setting: str, day_rows: int | None,
-                  host_mb: int | None = None) -> str:
-    """The driver heap for ``spark.driver.memory``: the setting itself, or for "auto" one
-    sized to the day's rows (known before the JVM starts: the chooser counted them)."""
-    if setting != "auto":
-        return setting
-    mb = BASE_DRIVER_MB
-    if day_rows is not None and day_rows > BASE_ROWS:
-        mb += -(-(day_rows - BASE_ROWS) * PER_MILLION_MB // 1_000_000)
-    host = host_mb if host_mb is not None else _host_mb()
-    return f"{max(BASE_DRIVER_MB, min(mb, host // 2))}m"
-
-
-def _host_mb() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-    except (ValueError, OSError):
-        return 2 * BASE_DRIVER_MB
-
-
 def is_small_day(settings: Settings, day_rows: int | None) -> bool:
     """A close's day of at most ``spark_small_day_rows`` rows (None: not a close)."""
     limit = settings.spark_small_day_rows
@@ -232,7 +203,7 @@ def build_session(
         # Executors live in this process: no reason to bind anything but loopback, and a
         # host name that does not resolve would otherwise stall start-up.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    wanted["spark.driver.memory"] = driver_memory(settings.spark_driver_memory, day_rows)
+    wanted["spark.driver.memory"] = settings.spark_driver_memory
     # The Kafka classifier runs the sites' parser in Python workers: they need this
     # environment's packages (orjson, pyarrow), not whatever `python3` is first on PATH.
     # PySpark reads the variable when it makes the context (spark-submit sets it from
