@@ -237,8 +237,9 @@ def locate_day(settings: Settings, day: str, partitions: list[int],
                ) -> dict[int, DayInPartition]:
     """The day on every partition, or NotLocated saying where it failed (the first partition
     in ``partitions``' order that failed). The partitions are searched at once, each by a
-    consumer of its own: a search is round trips to the broker, and one after another they
-    made a 2M-trade day's choice of source 1.2-1.8 s."""
+    consumer of its own: a search is round trips to the broker (choosing a 2,000-trade day's
+    Kafka source took 0.50-0.56 s with the partitions one after another, 0.36-0.50 s at
+    once; a larger day's choice is mostly the ledgers' own state queries)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not partitions:
