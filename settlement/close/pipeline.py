@@ -238,13 +238,6 @@ def _in_thread(name: str, fn: Callable[[], T]) -> Future[T]:
         pool.shutdown(wait=False)
 
 
-def _timed_here(fn: Callable[[], T]) -> tuple[T, float]:
-    """``fn``'s result and its seconds (for a step timed in another thread)."""
-    t0 = time.perf_counter()
-    out = fn()
-    return out, round(time.perf_counter() - t0, 3)
-
-
 def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
     t0 = time.perf_counter()
     try:
@@ -388,6 +381,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = day = settled = None
     validating: Future[ValidationOutcome] | None = None
+    validation_timings: dict[str, float] = {}  # timed in the validation's thread
     outcome: ValidationOutcome | None = None
     finished = False  # a finished run's row is append-only (migration 0007)
     if validate:
@@ -419,7 +413,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
             # planning, its single-task stages).
             lease.ensure_held()
             say("validating (Great Expectations) while netting")
-            validating = _in_thread("validation", lambda: _timed_here(lambda: validate_day(
+            validating = _in_thread("validation", lambda: _timed(
+                validation_timings, "validate", lambda: validate_day(
                     settings, spark, trade_date, choice, read, day.trades, positions.result,
                     ahead, final=day.final, docs_in_background=True)))
         try:
@@ -435,11 +430,10 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
         if validating is not None:
             lease.ensure_held()
-            outcome, validate_seconds = _timed(result.timings, "validate_wait",
-                                               validating.result)
+            outcome = _timed(result.timings, "validate_wait", validating.result)
             validating = None
             # The suites' own time, from the day's dedupe (most of it beside the netting).
-            result.timings["validate_seconds"] = validate_seconds
+            result.timings.update(validation_timings)
         pub = decide_publication(outcome, accept_incomplete)
         if hold and pub.published:
             pub = Publication(False, None, "validation passed: held for an operator's approval "
@@ -513,7 +507,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
             # A close that failed while validating: its suites end before the day they
             # query is released (the invariants' wait for positions fails at once).
             with contextlib.suppress(BaseException):
-                outcome = validating.result()[0]
+                outcome = validating.result()
         if outcome is not None:  # a close that failed after validating: no pages left behind
             with contextlib.suppress(Exception):
                 outcome.wait_for_docs()

@@ -232,6 +232,10 @@ def locate_in_partition(log: PartitionLog, low: int, day: str,
     return DayInPartition(start, marker.offset + 1, marker.seq or 0, "search")
 
 
+# Partitions searched at once (each thread its own consumer and connections).
+LOCATE_THREADS = 8
+
+
 def locate_day(settings: Settings, day: str, partitions: list[int],
                recorded: dict[int, int], previous: dict[int, int], timeout: float
                ) -> dict[int, DayInPartition]:
@@ -250,10 +254,6 @@ def locate_day(settings: Settings, day: str, partitions: list[int],
         found = list(pool.map(lambda p: _locate_one(settings, group, day, p, recorded.get(p),
                                                     previous.get(p), timeout), partitions))
     return dict(zip(partitions, found, strict=True))
-
-
-# Partitions searched at once (each thread its own consumer and connections).
-LOCATE_THREADS = 8
 
 
 def _locate_one(settings: Settings, group: str, day: str, p: int, recorded: int | None,
