@@ -115,6 +115,20 @@ def test_the_fence_wants_the_dates_lock_held_not_just_a_live_pid(isolated: Isola
     assert _published(s.settlement_dsn) is None
 
 
+def _said(proc: Any, text: str, timeout: float) -> None:
+    """Read the worker's stderr until a line holds ``text`` (bounded)."""
+    found = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            if text in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout), f"the worker did not say {text!r} in {timeout}s"
+
+
 def test_a_publication_slowed_past_the_lease_completes_and_stays_the_only_one(
         isolated: Isolated, tmp_path: Path) -> None:
     """The holder's publishing transaction locks the lease row for longer than the lease
@@ -124,9 +138,12 @@ def test_a_publication_slowed_past_the_lease_completes_and_stays_the_only_one(
     go = tmp_path / "go"
     holder = _worker(isolated.env, go, ttl=ttl, mode=f"slow-publish={ttl * 2.5}")
     held = _line(holder)
-    go.touch()
-    time.sleep(1.0)  # the holder is inside its publication now
     waiter = _worker(isolated.env, go, ttl=ttl)
+    # The waiter waits on the holder before the publication starts, so it is waiting all
+    # through it. (Started a second into the publication instead, a waiter slow to start
+    # on a loaded host, CI's phase 1, arrived after the holder had finished: a new close.)
+    _said(waiter, "waiting for the close in progress", timeout=60)
+    go.touch()
     assert _line(holder, timeout=60) == {"published": held["held"]}
     assert holder.wait(30) == 0
     assert _line(waiter, timeout=60) == {"joined": held["held"]}
