@@ -112,6 +112,20 @@ def test_falls_back_to_the_database_when_kafka_is_unreachable(settled_day: Isola
     assert choice.ledgers == ("a",)
 
 
+def test_a_lost_ledger_and_kafka_down_are_asked_at_once_and_left_out(
+        settled_day: Isolated) -> None:
+    """The chooser asks the ledgers and Kafka side by side (threads): a ledger that cannot be
+    reached and brokers that refuse are each left out with the others' answers kept."""
+    lost = settled_day.settings.model_copy(update={
+        "kafka_bootstrap": "127.0.0.1:1",
+        "ledger_b_dsn": "postgresql://nobody@127.0.0.1:1/ledger_b"})
+    choice = choose_source(lost, DATE, timeout=3)
+    assert choice.source == "db" and "Kafka is unreachable at 127.0.0.1:1" in choice.reason
+    assert "b" not in choice.states and "a" in choice.states
+    assert choice.states["a"].trades == SPEC.trades
+    assert choice.ledgers == ("a",)
+
+
 def test_falls_back_when_the_topic_is_missing(settled_day: Isolated) -> None:
     gone = settled_day.settings.model_copy(update={"topic": "no_such_topic"})
     choice = choose_source(gone, DATE)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 
@@ -52,8 +53,13 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
 
 
 def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:
-    """Every reachable ledger's state of the day (an unreachable one is left out)."""
-    found = {name: ledger_state(settings, name, trade_date) for name in LEDGERS}
+    """Every reachable ledger's state of the day (an unreachable one is left out), the
+    ledgers asked at once: each answer is a pass over the day on its own server (about a
+    second for a 2M day), and in two rooms the ledgers are two servers, one of them perhaps
+    down, whose connect timeout is then waited for beside the others' answers."""
+    with ThreadPoolExecutor(max_workers=len(LEDGERS), thread_name_prefix="ledger-state") as pool:
+        found = dict(zip(LEDGERS, pool.map(
+            lambda name: ledger_state(settings, name, trade_date), LEDGERS), strict=True))
     return {name: st for name, st in found.items() if st is not None}
 
 
@@ -200,8 +206,12 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
     if requested not in ("auto", "kafka", "db"):
         raise ValueError(f"--source: expected auto, kafka or db, got {requested!r}")
     # The ledgers are asked once; every later step of the run reads the answer from the choice.
-    states = ledger_states(settings, trade_date)
-    topic = topic_view(settings, timeout)
+    # Kafka's view of the topic is asked meanwhile: after an outage that is the brokers'
+    # refusal or timeout, waited for beside the ledgers' queries rather than after them.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="topic-view") as pool:
+        asked = pool.submit(topic_view, settings, timeout)
+        states = ledger_states(settings, trade_date)
+        topic = asked.result()
     partitions = day_partitions(settings, trade_date, topic, states)
     known = {"topic_partitions": partitions} if topic.partitions is not None else {}
     if requested == "db":
