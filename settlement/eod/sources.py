@@ -54,9 +54,10 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
 
 def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:
     """Every reachable ledger's state of the day (an unreachable one is left out), the
-    ledgers asked at once: each answer is a pass over the day on its own server (about a
-    second for a 2M day), and in two rooms the ledgers are two servers, one of them perhaps
-    down, whose connect timeout is then waited for beside the others' answers."""
+    ledgers asked at once: each answer is a pass over the day (about a second for a 2M day),
+    and in two rooms the ledgers are on servers of their own (each site's, the cluster's),
+    one of them perhaps down, whose connect timeout is then waited for beside the others'
+    answers."""
     with ThreadPoolExecutor(max_workers=len(LEDGERS), thread_name_prefix="ledger-state") as pool:
         found = dict(zip(LEDGERS, pool.map(
             lambda name: ledger_state(settings, name, trade_date), LEDGERS), strict=True))
