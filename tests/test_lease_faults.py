@@ -116,14 +116,14 @@ def test_the_fence_wants_the_dates_lock_held_not_just_a_live_pid(isolated: Isola
 
 
 def _said(proc: Any, text: str, timeout: float) -> None:
-    """Read the worker's stderr until a line holds ``text`` (bounded)."""
+    """Wait until a line of the worker's stderr holds ``text`` (bounded). The reader goes on
+    draining stderr afterwards, so the worker never blocks on a full pipe."""
     found = threading.Event()
 
     def read() -> None:
         for line in proc.stderr:
             if text in line:
                 found.set()
-                return
 
     threading.Thread(target=read, daemon=True).start()
     assert found.wait(timeout), f"the worker did not say {text!r} in {timeout}s"
