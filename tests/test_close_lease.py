@@ -169,6 +169,40 @@ def test_a_close_whose_lease_session_ended_cannot_publish(isolated) -> None:
     assert _runs(s.settlement_dsn)[run] == ("failed", "lease lost")
 
 
+def test_a_waiter_that_ends_a_holder_whose_run_finished_joins_that_run(isolated) -> None:
+    """A publication that outlasted the lease leaves it expired until the holder renews: a
+    waiter may end the holder's session after its run finished and before its release (CI
+    saw it). The run is done, so the waiter joins it instead of computing the date again."""
+    from settlement.close.pipeline import finish_run, publish, start_run
+    from settlement.eod.model import SourceChoice
+
+    s = isolated.settings.for_component("settlement")
+    got, _ = _acquire(isolated.settings)
+    assert isinstance(got, close_lease.Lease)
+    said: list[str] = []
+    waiting = close_lease._Waiting(s, DAY, 30, said.append)
+    conn = close_lease._lease_connection(s.settlement_dsn, DAY, 30)
+    try:
+        assert waiting.step(conn) is None  # the holder holds the date: wait on
+        run = start_run(s, DAY, SourceChoice("db", "outlasted its lease"), got)
+        got.attach(run)
+        publish(s, run, DAY, None, got)
+        finish_run(s, run, "succeeded", {})
+        with connect(isolated.settings.settlement_dsn) as admin:  # as end_expired does
+            admin.execute("select pg_terminate_backend(%s)", (got.conn.info.backend_pid,))
+        deadline = time.monotonic() + 30
+        joined = None
+        while joined is None and time.monotonic() < deadline:
+            joined = waiting.step(conn)
+            time.sleep(0.1)
+        assert isinstance(joined, close_lease.Joined) and joined.run_id == run, joined
+    finally:
+        got.release()
+        if not conn.closed:
+            conn.close()
+    assert _runs(s.settlement_dsn)[run][0] == "succeeded"
+
+
 def test_a_close_that_cannot_name_its_run_in_its_lease_records_the_run_failed(
         isolated) -> None:
     """Issue 41's site-freeze: a close frozen past its lease woke with its lease session gone

@@ -324,10 +324,13 @@ class _Waiting:
             return None
         waited = round(time.monotonic() - self.t0, 3)
         # Joined only if the close waited for finished a run: one that found the date
-        # already settled leaves none, and this close goes on by itself.
+        # already settled leaves none, and this close goes on by itself. Finished means
+        # released, or its run recorded done: a publication that outlasted the lease leaves
+        # it expired until the holder's renewal, so a waiter may end the holder's session
+        # between its run's end and its release (that holder's work is done all the same).
         if (self.waited_for is not None and row is not None
-                and row.token == self.waited_for.token and row.released
-                and row.run_id is not None):
+                and row.token == self.waited_for.token and row.run_id is not None
+                and (row.released or row.run_status in ("succeeded", "failed"))):
             if not row.crashed:
                 conn.execute(q("lease", "unlock"), self.params)
                 conn.close()
