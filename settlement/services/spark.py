@@ -128,7 +128,10 @@ class EmbeddedSparkCluster:
         try:
             return sum(1 for w in master_json(self.settings).get("workers", [])
                        if w.get("state") == "ALIVE")
-        except OSError:
+        # A master still starting may answer its UI port before its JSON is served (an empty
+        # body: CI's `settle services up --spark-cluster` once failed on that
+        # JSONDecodeError): not ready yet, as when it does not answer at all.
+        except (OSError, ValueError):
             return 0
 
     def start(self) -> str:
