@@ -15,7 +15,7 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup browser promtool env jars up down status migrate test test-quick test-down lint demo \
-	airflow bench clean stack-up stack-drill stack-soak stack-down stack-logs
+	airflow bench classifier clean stack-up stack-drill stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -24,7 +24,7 @@ help:
 	@echo "make up | down | status | migrate | lint | bench | clean"
 	@echo "make stack-up | stack-drill [FAULT=site-loss|site-freeze SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
-setup: env jars
+setup: env jars classifier
 
 # Headless Chromium renders the audit report and drives the Airflow UI in tests.
 browser:
@@ -61,6 +61,20 @@ jars: .cache/jars/kafka/.done .cache/jars/spark/.done
 	rm -rf .cache/jars/spark
 	$(MVN) -f jvm/spark/pom.xml package
 	@touch $@
+
+# The Kafka classifier compiled for the JVM (settlement.spark.jvmclassify), against the Spark
+# jars pyspark ships and the Kafka client the connector step fetched. A close without it reads with Python workers.
+CLASSIFIER_JAR := .cache/jars/classifier/settle-classifier.jar
+classifier: $(CLASSIFIER_JAR)
+$(CLASSIFIER_JAR): jvm/classifier/settle/KafkaClassifier.java .venv/.synced .cache/jars/spark/.done
+	@command -v javac >/dev/null || { echo "javac is required (apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@echo "compiling the JVM Kafka classifier..."
+	rm -rf .cache/classifier-build && mkdir -p .cache/classifier-build $(@D)
+	javac --release 17 -nowarn -d .cache/classifier-build \
+	  -cp "$$($(PY) -c 'import pyspark, os; print(os.path.dirname(pyspark.__file__))')/jars/*:.cache/jars/spark/*" \
+	  jvm/classifier/settle/KafkaClassifier.java
+	jar --create --file $@.tmp -C .cache/classifier-build settle && mv $@.tmp $@
+	rm -rf .cache/classifier-build
 
 up: setup
 	$(SETTLE) services up

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/settlement.py [--trades 2000,1000000[,10000000]]
         [--modes process,warm] [--native on,off] [--jvm on,off] [--own-read on,off]
+        [--classifier jvm,workers] [--rounds R]
 
 For each size: publish the day (no faults) to a private topic, ingest it with one site into
 a private ledger, then time in the same run
@@ -13,7 +14,11 @@ a private ledger, then time in the same run
           also without the close's class archive and small-day settings (`*_jvm_off`);
           with --own-read off (alias --driver-read) also with the day read by Spark's
           Kafka and JDBC readers instead of the close's own (the driver for a small day,
-          the tasks' Python workers for a larger Kafka day): `*_spark_read`
+          the tasks' Python workers for a larger Kafka day): `*_spark_read`; with
+          --classifier jvm,workers the Kafka close with the compiled classifier
+          (settlement.spark.jvmclassify, the default) and with the Python workers'
+          (`process_kafka_workers`); with --rounds R the process closes R times,
+          alternated (keys of later rounds end _r2, _r3...)
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -177,7 +182,8 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
 
 def one_size(spark: SparkSession | None, base: Settings, n: int,
              modes: set[str], native: set[str], jvm: set[str],
-             own_read: set[str]) -> dict[str, Any]:
+             own_read: set[str], classifier: set[str] = frozenset({"jvm"}),
+             rounds: int = 1) -> dict[str, Any]:
     s, env = namespace(base)
     try:
         print(f"[{n}] publishing...", file=sys.stderr, flush=True)
@@ -212,11 +218,17 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
                     jsuffix += "_spark_read"
                     jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false",
                             "SETTLE_SPARK_KAFKA_WORKER_READ": "false"}
-                runs += [(f"process_kafka{suffix}{jsuffix}", "kafka",
-                          {"SETTLE_NATIVE_TRADES": flag, **jenv})
+                runs += [(f"process_kafka{suffix}{csuffix}{jsuffix}", "kafka",
+                          {"SETTLE_NATIVE_TRADES": flag, **jenv, **cenv})
                          for flag, suffix, on in (("true", "_native", "on"),
-                                                  ("false", "", "off")) if on in native]
+                                                  ("false", "", "off")) if on in native
+                         for c, csuffix, cenv in (
+                             ("jvm", "", {}),
+                             ("workers", "_workers", {"SETTLE_SPARK_JVM_CLASSIFIER": "false"}))
+                         if c in classifier and (c == "jvm" or flag == "false")]
                 runs.append((f"process_db{jsuffix}", "db", jenv))
+            runs = [(key + (f"_r{r}" if r > 1 else ""), source, extra)
+                    for r in range(1, rounds + 1) for key, source, extra in runs]
             for key, source, extra in runs:
                 print(f"[{n}] settle eod --source {source} {extra} (a process)...",
                       file=sys.stderr, flush=True)
@@ -267,6 +279,12 @@ def main() -> None:
                          "close's own readers (the driver for a small day, the tasks' Python "
                          "workers for a larger Kafka day: the default), by Spark's Kafka and "
                          "JDBC readers (keys ending _spark_read), or both in the same run")
+    ap.add_argument("--classifier", default="jvm",
+                    help="jvm, workers or jvm,workers: the process Kafka close classifying in "
+                         "the JVM (the default), by the tasks' Python workers "
+                         "(process_kafka_workers), or both in the same run")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="the process closes this many times, alternated")
     args = ap.parse_args()
 
     def on_off(option: str, value: str) -> set[str]:
@@ -278,6 +296,11 @@ def main() -> None:
     native = on_off("native", args.native)
     jvm = on_off("jvm", args.jvm)
     own_read = on_off("own-read", args.own_read)
+    classifier = {m.strip() for m in args.classifier.split(",") if m.strip()}
+    if not classifier or not classifier <= {"jvm", "workers"}:
+        ap.error(f"--classifier: expected jvm and/or workers, got {args.classifier!r}")
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected 1 or more, got {args.rounds}")
     sizes = [int(x) for x in args.trades.split(",")]
     modes = {m.strip() for m in args.modes.split(",") if m.strip()}
     if not modes <= {"process", "warm"}:
@@ -290,7 +313,8 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        results = [one_size(spark, base, n, modes, native, jvm, own_read) for n in sizes]
+        results = [one_size(spark, base, n, modes, native, jvm, own_read, classifier,
+                            args.rounds) for n in sizes]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)

@@ -17,18 +17,20 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType
 
 from consumers.parse import Malformed, _is_date, decode, fast_trade, trade_values
 from settlement import contract as C
-from settlement.spark import native
+from settlement.spark import jvmclassify, native
 from settlement.spark.canonical import (
     CALENDAR_DATE,
     CANONICAL_PRICE,
     CLOSE_PATTERN,
+    TRADE_CAPTURE,
     TRADE_PATTERN,
     anchored,
 )
-from settlement.spark.parse import classify_kafka_values, stage
+from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, stage
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_parity import CORPUS, close, corpus_messages, trade
 
@@ -58,36 +60,52 @@ def native_partitions(session: SparkSession, msgs: Sequence[Message],
         .select("kafka_partition").collect()}
 
 
+def jvm_partitions(session: SparkSession, msgs: Sequence[Message],
+                   max_bytes: int = MAX_BYTES) -> set[int]:
+    """The Kafka partitions the JVM classifier kept (did not leave to the worker)."""
+    frame = stage(session.createDataFrame(_rows(msgs), RAW_SCHEMA).coalesce(1))
+    verdicts = jvmclassify.classify_jvm(frame, max_bytes).persist()
+    try:
+        return {p for p, _, _ in msgs} - set(jvmclassify.fallback_partitions(verdicts))
+    finally:
+        verdicts.unpersist()
+
+
 def differences(session: SparkSession, msgs: Sequence[Message],
-                max_bytes: int = MAX_BYTES) -> list[str]:
-    """Every message whose row differs between the native path and the Python classifier."""
+                max_bytes: int = MAX_BYTES, mode: str = "native") -> list[str]:
+    """Every message whose row differs between the native path (``mode``: Spark's
+    expressions, or "jvm", the compiled classifier) and the Python classifier."""
     # One task, each partition's messages in offset order, as a Kafka partition is read.
     frame = session.createDataFrame(_rows(msgs), RAW_SCHEMA).coalesce(1)
 
-    def rows(on: bool) -> dict[tuple[int, int], Row]:
+    def rows(on: str) -> dict[tuple[int, int], Row]:
         cached: list[DataFrame] = []  # the native path's staged read, cached as a close does
 
         def keep(df: DataFrame) -> DataFrame:
             cached.append(df.persist())
             return cached[-1]
 
-        got = classify_kafka_values(frame, max_bytes, native=on, cache=keep).collect()
+        got = classify_kafka_values(frame, max_bytes, native=on == "native",
+                                    jvm=on == "jvm", cache=keep).collect()
         for df in cached:
             df.unpersist()
         return {(r["kafka_partition"], r["kafka_offset"]): r for r in got}
 
-    fast, slow = rows(True), rows(False)
+    fast, slow = rows(mode), rows("python")
     assert len(fast) == len(slow) == len(msgs)
-    return [f"{k}: native {fast[k]!r}\n    python {slow[k]!r}"
+    return [f"{k}: {mode} {fast[k]!r}\n    python {slow[k]!r}"
             for k in sorted(slow) if fast[k].asDict() != slow[k].asDict()]
 
 
 def assert_parity(session: SparkSession, msgs: Sequence[Message], min_native: int,
                   max_bytes: int = MAX_BYTES) -> None:
-    diffs = differences(session, msgs, max_bytes)
-    assert not diffs, f"{len(diffs)} of {len(msgs)} differ:\n" + "\n".join(diffs[:10])
+    for mode in ("native", "jvm"):
+        diffs = differences(session, msgs, max_bytes, mode)
+        assert not diffs, f"{len(diffs)} of {len(msgs)} differ:\n" + "\n".join(diffs[:10])
     took = native_partitions(session, msgs, max_bytes)
     assert len(took) >= min_native, f"only partitions {sorted(took)} were native"
+    # The two classifiers in the JVM take the same partitions from the worker.
+    assert jvm_partitions(session, msgs, max_bytes) == took
 
 
 # -- hostile near-canonical values ------------------------------------------------------------
@@ -342,6 +360,34 @@ def test_a_looser_pattern_fails_the_parity_check(spark: SparkSession,  # noqa: F
     msgs: list[Message] = [(0, BASE, TRADE_H), (1, trade(price="0.0"), TRADE_H)]
     diffs = differences(spark, msgs)
     assert len(diffs) == 1 and diffs[0].startswith("(1, 0)"), diffs
+    # The compiled classifier's pattern (the same, with a group per field) likewise.
+    monkeypatch.setattr(jvmclassify, "TRADE_CAPTURE", jvmclassify.TRADE_CAPTURE.replace(
+        CANONICAL_PRICE, f"(?:{C.PRICE_PATTERN})"))
+    diffs = differences(spark, msgs, mode="jvm")
+    assert len(diffs) == 1 and diffs[0].startswith("(1, 0)"), diffs
+
+
+def test_the_compiled_classifier_gives_the_classified_schema(spark: SparkSession  # noqa: F811
+                                                              ) -> None:
+    """The Java rows are built in Spark's internal form: their schema is the Python
+    classifier's, column for column, and ``_fallback``."""
+    frame = stage(spark.createDataFrame(_rows([(0, BASE, TRADE_H)]), RAW_SCHEMA))
+    got = jvmclassify.classify_jvm(frame, MAX_BYTES)
+    assert [(f.name, f.dataType) for f in got.schema.fields] == [
+        *((f.name, f.dataType) for f in CLASSIFIED_SCHEMA.fields), ("_fallback", BooleanType())]
+    assert got.where("not _fallback").count() == 1
+
+
+def test_the_capture_pattern_is_the_trade_pattern_with_groups() -> None:
+    """The compiled classifier matches TRADE_CAPTURE: TRADE_PATTERN with a group around each
+    field's value, nothing else changed."""
+    assert re.compile(TRADE_CAPTURE).groups == len(C.TRADE_FIELDS)
+    plain = TRADE_CAPTURE
+    for f in C.TRADE_FIELDS:  # each group opens right after its key (and quote)
+        plain = re.sub(rf'("{f}":"?)\(', r"\1", plain, count=1)
+    # ...and closes right before the next key's comma or the closing brace.
+    plain = re.sub(r'\)("?(?:,"|\\\}$))', r"\1", plain)
+    assert plain == TRADE_PATTERN
 
 
 def test_the_switch_turns_the_native_path_off() -> None:

@@ -146,20 +146,29 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
     from settlement.spark.io import read_day
 
     s = published.settings
-    by_source = s.model_copy(update={"spark_kafka_worker_read": False})
+    workers = s.model_copy(update={"spark_jvm_classifier": False})
+    by_source = workers.model_copy(update={"spark_kafka_worker_read": False})
     assert s.spark_kafka_worker_read and s.spark_master.startswith("local")
+    assert s.spark_jvm_classifier
     seen: dict[str, int] = {"malformed": 0, "duplicates": 0, "late": 0, "amendments": 0}
+    jvm_modes: set[str] = set()
     for spec in DAYS:
         choice = choose_source(s, spec.trade_date, "kafka")
         assert choice.source == "kafka", choice.reason
         by_driver = read_day(spark, s, choice, spec.trade_date, driver_read=True)
-        by_workers = read_day(spark, s, choice, spec.trade_date, driver_read=False)
+        by_workers = read_day(spark, workers, choice, spec.trade_date, driver_read=False)
         by_spark = read_day(spark, by_source, choice, spec.trade_date, driver_read=False)
+        by_jvm = read_day(spark, s, choice, spec.trade_date, driver_read=False)
         assert (by_driver.read_by, by_workers.read_by, by_spark.read_by) == (
             "driver", "workers", "spark")
+        # The JVM classifier (settlement.spark.jvmclassify) read it, leaving to the workers
+        # the partitions holding amendments or hostile values.
+        assert by_jvm.read_by.startswith("jvm"), by_jvm.read_by
+        jvm_modes.add("jvm" if by_jvm.read_by == "jvm" else "mixed")
         if spec is DAYS[0]:  # a day too large in bytes for the driver goes to the workers
             monkeypatch.setattr(smallday, "MAX_READ_BYTES", 1000)
-            fallback = read_day(spark, s, choice, spec.trade_date, driver_read=True)
+            fallback = read_day(spark, workers, choice, spec.trade_date,
+                                    driver_read=True)
             monkeypatch.undo()
             fallback.release()
             assert fallback.read_by == "workers"
@@ -167,9 +176,11 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
             got, want = _facts(by_driver), _facts(by_spark)
             assert got == want, spec.trade_date
             assert _facts(by_workers) == want, spec.trade_date
+            assert _facts(by_jvm) == want, spec.trade_date
         finally:
             by_driver.release()
             by_workers.release()
+            by_jvm.release()
             by_spark.release()
         assert len(got["trades"]) == spec.trades
         seen["malformed"] += got["malformed"]
@@ -178,6 +189,7 @@ def test_a_kafka_day_read_by_the_driver_is_the_spark_read(
         seen["amendments"] += len(got["amendments"])
     # Not a parity of empty sets: the days held every kind of message compared.
     assert all(n > 0 for n in seen.values()), seen
+    assert "mixed" in jvm_modes, jvm_modes  # the JVM's fallback to the workers was taken
 
     # The ledger a site wrote, read both ways.
     out = wait_exit(start_site("a", "separate", published.env, DAYS[-1].trade_date,
@@ -202,7 +214,7 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(
 
     from settlement.kafka.admin import admin_client
     from settlement.simulator.gateway import producer_config
-    from settlement.spark.io import read_kafka
+    from settlement.spark.io import jvm_classifies, read_kafka
 
     s = isolated.settings
     producer = Producer(producer_config(s, None))
@@ -214,13 +226,17 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(
     assert got[0].num_rows == 3 and got[0].column("kafka_offset").to_pylist() == [0, 1, 2]
     with pytest.raises(kafkaread.KafkaReadError, match=r"partition 0 at offset 3 of \[0, 10\)"):
         smallday.fetch_ranges(s, {0: (0, 10)}, timeout=2)
-    # The same read by a task's Python worker: the close gets the worker's error, in its words.
+    # The same read by a task's Python worker, and by the JVM classifier's task: the close
+    # gets the task's error, in its words.
     monkeypatch.setattr(kafkaread, "IDLE_TIMEOUT", 2.0)
     past_end = SourceChoice("kafka", "", kafka_ranges={0: (0, 10)})
-    with pytest.raises(kafkaread.KafkaReadError,
-                       match=r"^the day's range was not read whole: no message for 2 s at "
-                             r"partition 0 at offset 3 of \[0, 10\)$"):
-        read_kafka(spark, s, past_end, "2026-06-01")
+    readers = [s.model_copy(update={"spark_jvm_classifier": False}), s]
+    assert jvm_classifies(spark, s)
+    for reader in readers:
+        with pytest.raises(kafkaread.KafkaReadError,
+                           match=r"^the day's range was not read whole: no message for 2 s at "
+                                 r"partition 0 at offset 3 of \[0, 10\)$"):
+            read_kafka(spark, reader, past_end, "2026-06-01")
     # Few offsets but more bytes than a driver read holds: Spark's tasks read the day.
     size = sum(len(v) for v in got[0].column("value").to_pylist())
     assert smallday.fetch_ranges(s, {0: (0, 3)}, timeout=10, max_bytes=size)[0].num_rows == 3
@@ -236,5 +252,7 @@ def test_a_range_that_cannot_be_read_whole_is_an_error(
     with pytest.raises(kafkaread.KafkaReadError, match="refused the day's read"):
         smallday.fetch_ranges(s, {0: (0, 3)}, timeout=60)
     assert time.monotonic() - t0 < 30
-    with pytest.raises(kafkaread.KafkaReadError, match="refused the day's read"):
-        read_kafka(spark, s, SourceChoice("kafka", "", kafka_ranges={0: (0, 3)}), "2026-06-01")
+    for reader in readers:
+        with pytest.raises(kafkaread.KafkaReadError, match="refused the day's read"):
+            read_kafka(spark, reader, SourceChoice("kafka", "", kafka_ranges={0: (0, 3)}),
+                       "2026-06-01")

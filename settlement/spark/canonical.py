@@ -96,6 +96,18 @@ def _object(fields: list[tuple[str, str]], comma: str, colon: str) -> str:
 # A plain trade, compact as the gateway writes it: {"trade_id":"...",...,"executed_at":"..."}.
 TRADE_PATTERN = _object([(f, _field_pattern(f)) for f in TRADE_FIELDS], ",", ":")
 
+
+def _captured(pattern: str) -> str:
+    """A field's pattern with its value (inside the quotes, if any) as a group."""
+    if pattern.startswith('"'):
+        return f'"({pattern[1:-1]})"'
+    return f"({pattern})"
+
+
+# TRADE_PATTERN with each field's value a group, in TRADE_FIELDS' order (the same texts match:
+# a group captures, it does not change what matches).
+TRADE_CAPTURE = _object([(f, _captured(_field_pattern(f))) for f in TRADE_FIELDS], ",", ":")
+
 # A day's close marker (not an amended one: no "amended" field), written compact or with
 # Python's json.dumps separators (", " and ": "), as the gateway writes it.
 # Each field's value is a group (its text, inside the quotes), in CLOSE_FIELDS' order.

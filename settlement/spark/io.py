@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
@@ -20,7 +22,7 @@ from settlement.config import Settings, jaas_login
 from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
 from settlement.db import dsn_password
 from settlement.eod.model import SourceChoice
-from settlement.spark import kafkaread, smallday
+from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
@@ -141,6 +143,15 @@ def read_day(spark: SparkSession, settings: Settings, choice: SourceChoice, trad
     return read_db(spark, settings, choice, choice.ledgers, trade_date, driver_read)
 
 
+def jvm_classifies(spark: SparkSession, settings: Settings) -> bool:
+    """Whether a Kafka day that is not the driver's is read and classified in the JVM
+    (settlement.spark.jvmclassify): where the workers would read it (a local master: the
+    tasks read with the client's settings, whose files a cluster's executors may not
+    reach), the switch on, and the classifier's jar in the session (``make setup``)."""
+    return (settings.spark_jvm_classifier and worker_reads(settings)
+            and jvmclassify.loaded(spark._jvm))
+
+
 def worker_reads(settings: Settings) -> bool:
     """Whether a Kafka day that is not the driver's is read by the tasks' Python workers
     (settlement.spark.kafkaread): the switch on, a local master, the native classifier off
@@ -174,24 +185,90 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
     # Parsed and checked once; everything below reads the cached verdicts (uncompressed when
     # the range fits the storage memory comfortably: every offset is at most one row).
     offsets = sum(end - start for start, end in choice.kafka_ranges.values())
+    if jvm_classifies(spark, settings):
+        return _jvm_read(spark, settings, choice.kafka_ranges, trade_date, offsets)
     if worker_reads(settings):
-        classified = persist_sized(spark, P.classify_kafka_ranges(
-            spark, settings.kafka_client_config(), settings.topic, choice.kafka_ranges,
-            settings.max_message_bytes), offsets, VERDICT_ROW_BYTES)
-        try:  # the first pass over the verdicts is where the workers read
-            return _kafka_read(spark, classified, [], trade_date, "workers")
-        except PythonException as e:
-            error = kafkaread.worker_error(str(e))
-            if error is None:
-                raise
-            raise error from None
+        return _workers_read(spark, settings, choice.kafka_ranges, trade_date, offsets)
+    raw = kafka_source(spark, settings, choice.kafka_ranges)
+    staged: list[DataFrame] = []  # the read itself (native path), cached with the verdicts
+
+    def keep(df: DataFrame) -> DataFrame:
+        staged.append(persist_sized(spark, df, offsets, STAGED_ROW_BYTES))
+        return staged[-1]
+
+    classified = persist_sized(
+        spark, P.classify_kafka_values(raw, settings.max_message_bytes,
+                                       native=settings.native_trades, cache=keep),
+        offsets, VERDICT_ROW_BYTES)
+    return _kafka_read(spark, classified, staged, trade_date)
+
+
+def _workers_read(spark: SparkSession, settings: Settings,
+                  ranges: dict[int, tuple[int, int]], trade_date: str, offsets: int) -> DayRead:
+    """The ranges read and classified by the tasks' Python workers (settlement.spark.kafkaread)."""
+    classified = persist_sized(spark, P.classify_kafka_ranges(
+        spark, settings.kafka_client_config(), settings.topic, ranges,
+        settings.max_message_bytes), offsets, VERDICT_ROW_BYTES)
+    with _worker_errors():  # the first pass over the verdicts is where the workers read
+        return _kafka_read(spark, classified, [], trade_date, "workers")
+
+
+@contextmanager
+def _worker_errors() -> Iterator[None]:
+    """A Python worker's KafkaReadError raised in the driver with its own words."""
+    try:
+        yield
+    except PythonException as e:
+        error = kafkaread.worker_error(str(e))
+        if error is None:
+            raise
+        raise error from None
+
+
+def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[int, int]],
+              trade_date: str, offsets: int) -> DayRead:
+    """The ranges read with the Java client and classified in the JVM
+    (settlement.spark.jvmclassify), one task per partition. A partition the JVM leaves to the
+    worker (an amendment, an unusual value) is read again and classified by the Python
+    workers, that partition alone."""
+    consumer = {k.removeprefix("kafka."): v for k, v in kafka_options(settings).items()
+                if k.startswith("kafka.")}
+    verdicts = persist_sized(spark, jvmclassify.classify_jvm_ranges(
+        spark, consumer, settings.topic, ranges, settings.max_message_bytes,
+        kafkaread.IDLE_TIMEOUT), offsets, VERDICT_ROW_BYTES)
+    try:  # the pass where Kafka is read
+        left = jvmclassify.fallback_partitions(verdicts)
+    except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
+        error = kafkaread.worker_error(str(e))
+        if error is None:
+            raise
+        raise error from None
+    cached = [verdicts]
+
+    def python(parts: list[int]) -> DataFrame:
+        some = {p: ranges[p] for p in parts}
+        rows = P.classify_kafka_ranges(spark, settings.kafka_client_config(), settings.topic,
+                                       some, settings.max_message_bytes)
+        cached.append(persist_sized(spark, rows, sum(e - s for s, e in some.values()),
+                                    VERDICT_ROW_BYTES))
+        return cached[-1]
+
+    classified = jvmclassify.with_fallback(verdicts, left, python)
+    with _worker_errors():
+        return _kafka_read(spark, classified, cached, trade_date,
+                           "jvm" if not left else f"jvm, workers for partitions {left}")
+
+
+def kafka_source(spark: SparkSession, settings: Settings,
+                 ranges: dict[int, tuple[int, int]]) -> DataFrame:
+    """The offset ranges by Spark's Kafka source, read_committed, one task per partition."""
     topic = settings.topic
-    starts = {topic: {str(p): s for p, (s, _) in choice.kafka_ranges.items()}}
-    ends = {topic: {str(p): e for p, (_, e) in choice.kafka_ranges.items()}}
-    raw = (
+    starts = {topic: {str(p): s for p, (s, _) in ranges.items()}}
+    ends = {topic: {str(p): e for p, (_, e) in ranges.items()}}
+    return (
         spark.read.format("kafka")
         .options(**kafka_options(settings))
-        .option("assign", json.dumps({topic: sorted(choice.kafka_ranges)}))
+        .option("assign", json.dumps({topic: sorted(ranges)}))
         .option("startingOffsets", json.dumps(starts))
         .option("endingOffsets", json.dumps(ends))
         .option("kafka.isolation.level", "read_committed")
@@ -209,17 +286,6 @@ def read_kafka(spark: SparkSession, settings: Settings, choice: SourceChoice, tr
         # offset order, which is what lets the classifier dedupe without a shuffle.
         .load()
     )
-    staged: list[DataFrame] = []  # the read itself (native path), cached with the verdicts
-
-    def keep(df: DataFrame) -> DataFrame:
-        staged.append(persist_sized(spark, df, offsets, STAGED_ROW_BYTES))
-        return staged[-1]
-
-    classified = persist_sized(
-        spark, P.classify_kafka_values(raw, settings.max_message_bytes,
-                                       native=settings.native_trades, cache=keep),
-        offsets, VERDICT_ROW_BYTES)
-    return _kafka_read(spark, classified, staged, trade_date)
 
 
 def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFrame],

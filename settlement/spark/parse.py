@@ -69,6 +69,7 @@ from settlement.contract import (
     TYPE_HEADER,
 )
 from settlement.spark import kafkaread
+from settlement.spark.jvmclassify import classify_jvm, fallback_partitions, with_fallback
 from settlement.spark.kafkaread import classify_ranges, consumer_config
 from settlement.spark.native import classify_native, native_columns
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
@@ -124,8 +125,8 @@ def parse_kafka_values(raw: DataFrame, max_value_bytes: int | None = None) -> Pa
 
 def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
                           native: bool = False,
-                          cache: Callable[[DataFrame], DataFrame] | None = None
-                          ) -> DataFrame:
+                          cache: Callable[[DataFrame], DataFrame] | None = None,
+                          jvm: bool = False) -> DataFrame:
     """One row per message (``CLASSIFIED_SCHEMA``): its partition and offset, ``reason``
     (NULL when valid, else the consumer sites' dead-letter reason), the message type, the
     typed trade and close-marker fields, the raw bytes of a malformed message only (valid
@@ -143,6 +144,11 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
     over the staged read; ``cache``, when given, persists the staged read (and returns it) so
     that Kafka is fetched once: the caller unpersists it after the classified frame, not
     before (Spark would drop that one's cache with it).
+
+    With ``jvm``, every Kafka partition is classified by compiled Java in the JVM
+    (``settlement.spark.jvmclassify``) and those it leaves to the worker (anything but plain
+    trades and close markers) by the Python worker; ``cache`` then persists the JVM's verdicts
+    (the partitions left over are known once they are evaluated).
     """
     staged = stage(raw)
     limit = max_value_bytes if max_value_bytes is not None else 2**62
@@ -150,6 +156,13 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
     def python(rows: DataFrame) -> DataFrame:
         return rows.mapInArrow(partial(classify_arrow, max_bytes=limit), CLASSIFIED_SCHEMA)
 
+    if jvm:
+        # Classified in the JVM (settlement.spark.jvmclassify); the partitions it leaves to
+        # the worker are known once it has run, so ``cache`` persists its verdicts.
+        verdicts = classify_jvm(staged, limit)
+        verdicts = cache(verdicts) if cache is not None else verdicts
+        return with_fallback(verdicts, fallback_partitions(verdicts), lambda parts: python(
+            staged.where(F.col("kafka_partition").isin(parts))))
     if not native:
         return python(staged)
     if cache is not None:

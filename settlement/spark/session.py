@@ -36,6 +36,7 @@ from settlement.spark.jvm import (
     finish_archive,
     install_at_exit,
 )
+from settlement.spark.jvmclassify import classifier_jar
 from settlement.spark.package import python_files
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
@@ -82,13 +83,15 @@ def spark_jars(settings: Settings, bundled: Path | None = None) -> list[str]:
     """Absolute paths of the connector jars to add (for ``spark.jars`` or ``--jars``),
     without those whose artifact the Spark distribution already ships."""
     folder = settings.jars_dir / "spark"
+    # The project's own classifier (settlement.spark.jvmclassify), when make setup built it.
+    own = [str(j.resolve()) for j in (classifier_jar(settings.jars_dir),) if j.is_file()]
     if not folder.is_dir():
-        return []
+        return own
     bundled = bundled if bundled is not None else bundled_jars_dir()
     have = {artifact_name(p.name) for p in bundled.glob("*.jar")}
     return [
         str(p.resolve()) for p in sorted(folder.glob("*.jar")) if artifact_name(p.name) not in have
-    ]
+    ] + own
 
 
 def is_cluster(master: str) -> bool:
