@@ -373,6 +373,12 @@ def test_spark_jars_skip_what_spark_ships(tmp_path: Path) -> None:
     settings = load_settings(jars_dir=tmp_path / "jars")
     assert spark_jars(settings, bundled) == [str((ours / "postgresql-42.7.8.jar").resolve())]
     assert spark_jars(load_settings(jars_dir=tmp_path / "missing")) == []
+    # The compiled Kafka classifier (make classifier) goes with them when it was built.
+    own = tmp_path / "jars" / "classifier" / "settle-classifier.jar"
+    own.parent.mkdir()
+    own.touch()
+    assert spark_jars(settings, bundled) == [str((ours / "postgresql-42.7.8.jar").resolve()),
+                                             str(own.resolve())]
 
 
 def test_session_has_the_connectors(spark: SparkSession) -> None:
@@ -387,6 +393,10 @@ def test_session_has_the_connectors(spark: SparkSession) -> None:
     jvm = spark._jvm  # type: ignore[attr-defined]
     loader = jvm.Thread.currentThread().getContextClassLoader()
     assert jvm.java.lang.Class.forName("org.postgresql.Driver", True, loader)
+    # make setup compiles the JVM classifier, and the close finds it in its session.
+    from settlement.spark.jvmclassify import loaded
+
+    assert loaded(jvm)
 
 
 def _cached_bytes(spark: SparkSession) -> int:
