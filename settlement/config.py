@@ -247,10 +247,10 @@ class Settings(BaseSettings):
     # JVM; off, or on a cluster (whose executors may not reach the files the client's
     # settings name), Spark's source reads it.
     spark_kafka_worker_read: bool = True
-    # A Kafka day that is not the driver's is classified in the JVM by the compiled
-    # classifier (settlement.spark.jvmclassify; `make setup` builds it), fetched by Spark's
-    # Kafka source; a partition holding more than plain trades and close markers is the
-    # Python workers' still. Off, or without the jar, the workers read and classify it all.
+    # Such a day is read by the tasks with the Java client and classified in the JVM by the
+    # compiled classifier (settlement.spark.jvmclassify; `make setup` builds it); a
+    # partition holding more than plain trades and close markers is the Python workers'
+    # still. Off, or without the jar, the workers read and classify it all.
     spark_jvm_classifier: bool = True
     # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
     # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
