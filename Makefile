@@ -63,7 +63,8 @@ jars: .cache/jars/kafka/.done .cache/jars/spark/.done
 	@touch $@
 
 # The Kafka classifier compiled for the JVM (settlement.spark.jvmclassify), against the Spark
-# jars pyspark ships and the Kafka client the connector step fetched. A close without it reads with Python workers.
+# jars pyspark ships and the Kafka client the connector step fetched. A close without it
+# reads with Python workers.
 CLASSIFIER_JAR := .cache/jars/classifier/settle-classifier.jar
 classifier: $(CLASSIFIER_JAR)
 $(CLASSIFIER_JAR): jvm/classifier/settle/KafkaClassifier.java .venv/.synced .cache/jars/spark/.done
