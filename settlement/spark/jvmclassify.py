@@ -91,19 +91,17 @@ def _classifier(spark: SparkSession, max_bytes: int) -> Any:
         TYPE_HEADER)
 
 
-def _typed(jdf: Any, spark: SparkSession) -> DataFrame:
-    """The Java rows: ``CLASSIFIED_SCHEMA``'s columns, built in Spark's internal form by the
-    Java side, and ``_fallback``."""
-    return DataFrame(jdf, spark)
-
-
 def classify_jvm(staged: DataFrame, max_bytes: int) -> DataFrame:
     """The staged messages (``settlement.spark.parse.stage``), each Kafka partition's in
     offset order within one task, classified in the JVM: ``CLASSIFIED_SCHEMA``'s columns and
     a ``_fallback`` column, true on the one row of each Kafka partition left to the worker
-    (that partition's other rows are to be dropped: ``with_fallback``)."""
+    (that partition's other rows are to be dropped: ``with_fallback``). The rows are built
+    by the Java side in Spark's internal form, already of those types.
+
+    The close reads with ``classify_jvm_ranges``; this runs the same Java classification over
+    a frame, which is how tests/test_native.py holds it to the Python classifier's rows."""
     spark = staged.sparkSession
-    return _typed(_classifier(spark, max_bytes).classify(staged._jdf), spark)
+    return DataFrame(_classifier(spark, max_bytes).classify(staged._jdf), spark)
 
 
 def classify_jvm_ranges(spark: SparkSession, consumer: Mapping[str, str], topic: str,
@@ -119,7 +117,7 @@ def classify_jvm_ranges(spark: SparkSession, consumer: Mapping[str, str], topic:
     jdf = _classifier(spark, max_bytes).classifyRanges(
         spark._jsparkSession, dict(consumer), topic, [p for p, _, _ in todo],
         [s for _, s, _ in todo], [e for _, _, e in todo], int(idle_timeout * 1000))
-    return _typed(jdf, spark)
+    return DataFrame(jdf, spark)
 
 
 def fallback_partitions(classified: DataFrame) -> list[int]:

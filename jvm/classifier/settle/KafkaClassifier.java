@@ -259,7 +259,8 @@ public final class KafkaClassifier
     private final long start;
     private final long end;
     private final long idleMillis;
-    private Iterator<ConsumerRecord<byte[], byte[]>> polled = List.<ConsumerRecord<byte[], byte[]>>of().iterator();
+    private Iterator<ConsumerRecord<byte[], byte[]>> polled =
+        List.<ConsumerRecord<byte[], byte[]>>of().iterator();
     private ConsumerRecord<byte[], byte[]> next;
     private long reached;
     private boolean done;
