@@ -13,8 +13,11 @@ days awaiting a re-close). This DAG settles such a day again, manually triggered
 2. **approve**: Airflow's human-in-the-loop `ApprovalOperator` (keeping the answer as the
    XCom `decision`) waits for an operator (Browse > Required Actions, or the task's page) with
    the delta's size: how many positions and accounts change, the quantity and cash moved.
-3. **publish**: approved: the held run becomes the day's next version (the earlier one stays
-   readable in `positions_by_version`), its settlement instructions are written
+3. **publish**: approved by someone other than the user who triggered the DAG run (the
+   approval of whoever asked for the re-close is refused), and while the run it was computed
+   against is still the published one: the held run becomes the day's next version (the
+   earlier one stays readable in `positions_by_version`), its settlement instructions are
+   written
    (`settle instructions --date D --delta` gives what to add or reverse). Rejected: skipped.
 4. **record_decision**: approved or rejected, who, the delta and the outcome go into
    `reclose_decisions` (the audit trail).
@@ -54,11 +57,12 @@ from settlement.orchestration.operators import RecloseApproval
 )
 def eod_reclose() -> None:
     @task
-    def compute(params: dict) -> dict:
+    def compute(params: dict, dag_run=None) -> dict:
         from settlement.orchestration import reclose
 
         return reclose.compute(orch.settings_from_airflow(), params["trade_date"],
-                               params["source"])
+                               params["source"],
+                               getattr(dag_run, "triggering_user_name", None))
 
     @task
     def describe(held: dict) -> str:
@@ -77,10 +81,11 @@ def eod_reclose() -> None:
     )
 
     @task
-    def publish(held: dict) -> dict:
+    def publish(held: dict, ti=None) -> dict:
         from settlement.orchestration import reclose
 
-        return reclose.publish(orch.settings_from_airflow(), held)
+        decision = ti.xcom_pull(task_ids="approve", key="decision")
+        return reclose.publish(orch.settings_from_airflow(), held, decision)
 
     @task(trigger_rule="all_done")
     def record_decision(held: dict, ti=None) -> dict:

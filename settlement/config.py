@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from settlement import crashpoints
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The checkout (source tree) when running from one; for an installed wheel this is the
@@ -314,6 +316,11 @@ class Settings(BaseSettings):
     # On for the embedded/dev setup; production (docker-compose.yml) turns it off so nobody
     # fault-injects against live sites from the Airflow UI.
     drills_enabled: bool = True
+    # Tests only (settlement.crashpoints): POINT:ACTION makes this process die or freeze at a
+    # named step of the close. Refused where drills are off: a production configuration.
+    crash_at: str = Field("", description="tests only: POINT:kill|pause, a crash point "
+                                          "(settlement.crashpoints); refused in production "
+                                          "(SETTLE_DRILLS_ENABLED=false)")
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -411,6 +418,19 @@ class Settings(BaseSettings):
         if v not in (1, 3):
             raise ValueError(f"expected 1 or 3, got {v}")
         return v
+
+    @field_validator("crash_at")
+    @classmethod
+    def _crash_at(cls, v: str) -> str:
+        crashpoints.parse(v.strip())
+        return v.strip()
+
+    @model_validator(mode="after")
+    def _no_crash_points_in_production(self) -> Settings:
+        if self.crash_at and not self.drills_enabled:
+            raise ValueError("SETTLE_CRASH_AT is a test setting: a production configuration "
+                             "(SETTLE_DRILLS_ENABLED=false) refuses it; unset it")
+        return self
 
     # -- derived values -------------------------------------------------------------
     @property

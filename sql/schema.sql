@@ -114,7 +114,8 @@ CREATE TABLE public.close_leases (
     acquired_at timestamp with time zone DEFAULT now() NOT NULL,
     renewed_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
-    released_at timestamp with time zone
+    released_at timestamp with time zone,
+    renewed_on timestamp with time zone
 );
 CREATE TABLE public.close_markers (
     trade_date date NOT NULL,
@@ -266,6 +267,8 @@ CREATE TABLE public.settlement_runs (
     fencing_token bigint,
     settlement_date date,
     version integer,
+    based_on_run bigint,
+    triggered_by text,
     CONSTRAINT settlement_runs_source_check CHECK ((source = ANY (ARRAY['kafka'::text, 'db'::text]))),
     CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'abandoned'::text]))),
     CONSTRAINT settlement_runs_version_check CHECK ((version >= 1))
@@ -505,3 +508,5 @@ ALTER TABLE ONLY public.run_positions
     ADD CONSTRAINT run_positions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.settlement_instructions
     ADD CONSTRAINT settlement_instructions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.settlement_runs
+    ADD CONSTRAINT settlement_runs_based_on_run_fkey FOREIGN KEY (based_on_run) REFERENCES public.settlement_runs(run_id);

@@ -19,6 +19,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from settlement.close.pipeline import finish_run, publish, start_run
 from settlement.config import load_settings
@@ -50,9 +51,11 @@ def main(trade_date: str, go_file: str, mode: str = "") -> int:
         if mode.startswith("slow-publish="):
             fence, delay = got.check_fence, float(mode.split("=", 1)[1])
 
-            def slow_fence(conn: object) -> None:
-                fence(conn)  # type: ignore[arg-type]
-                time.sleep(delay)  # inside the publishing transaction, the row locked
+            def slow_fence(conn: Any) -> None:
+                fence(conn)
+                # Inside the publishing transaction, the row locked, the server busy (a
+                # client that sleeps here would be a frozen publisher, which the server ends).
+                conn.execute("select pg_sleep(%s)", (delay,))
 
             got.check_fence = slow_fence  # type: ignore[method-assign]
         try:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from settlement.close.pipeline import run_eod
+from settlement.close.pipeline import RecloseHeld, record_decision, run_eod
 from settlement.config import Settings
 from settlement.contract import CLOSE_HEADERS
 from settlement.db import connect
@@ -177,6 +177,12 @@ def test_a_reclose_from_kafka_and_from_the_ledger_settles_the_busts(
             "net_cash, trade_count from run_positions where run_id = %s",
             (held["run_id"],)).fetchall()
     assert {(r[0], r[1]): tuple(r[2:]) for r in rows} == reference
+    # One re-close at a time: while this one waits for a decision, another is refused,
+    # naming it; rejected, the date may be re-closed again.
+    with pytest.raises(RecloseHeld, match=f"run {held['run_id']} is a re-close held"):
+        run_eod(s, DAY, source="kafka", reclose=True)
+    record_decision(s, held["run_id"], DAY, "rejected", "ops-b", held["delta"],
+                    "rejected: nothing published")
     # From Kafka, published as version 2.
     out = run_eod(s, DAY, source="kafka", reclose=True)
     assert out["source"] == "kafka" and out["validation_success"] is True, out

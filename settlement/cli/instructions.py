@@ -54,6 +54,7 @@ def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    from settlement.crashpoints import crash_point
     from settlement.instructions.files import default_path, write
     from settlement.instructions.store import delta_set, instructions
 
@@ -61,6 +62,7 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     path = args.out or default_path(Path(s.reports_dir), day, args.format,
                                     "delta" if args.delta else "")
     write(day, args.format, path, s.settlement_currency)
+    crash_point(s.crash_at, "instructions.files")
     return {**day.as_dict(), "format": args.format, "path": str(path), "delta": args.delta}
 
 

@@ -14,14 +14,16 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from settlement.config import Settings
+from settlement.crashpoints import crash_point
 from settlement.db import connect, q
-from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, settled_by
+from settlement.eod.lease import Joined, Lease, LeaseLost, acquire, marker_offsets, settled_by
 from settlement.eod.model import (
     RESULT_TABLES,
     Position,
@@ -31,19 +33,30 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.eod.sources import choose_source, with_reason
-from settlement.errors import redact
-from settlement.instructions import write_files
+from settlement.errors import SettlementError, redact
+from settlement.instructions import planned, write_files, write_set_files
 from settlement.instructions.calendar import CalendarError, settlement_date
+from settlement.instructions.store import InstructionsError, InstructionSet, for_run
 from settlement.status import awaiting_reclose
 
 if TYPE_CHECKING:
+    from settlement.report import PlannedReport
     from settlement.validation.run import ValidationOutcome
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class RunOrigin:
+    """Where a run comes from: the published run a re-close was computed against, and who
+    asked for it."""
+
+    based_on_run: int | None = None
+    triggered_by: str | None = None
+
+
 def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
-              lease: Lease | None = None) -> int:
+              lease: Lease | None = None, origin: RunOrigin = RunOrigin()) -> int:
     try:
         settles_on = settlement_date(settings, trade_date)
     except CalendarError:
@@ -56,34 +69,54 @@ def start_run(settings: Settings, trade_date: str, choice: SourceChoice,
                                    "amended_closes": choice.amended_closes()}),
             "holder": None if lease is None else lease.holder,
             "token": None if lease is None else lease.token,
-            "settlement_date": settles_on,
+            "settlement_date": settles_on, "based_on_run": origin.based_on_run,
+            "triggered_by": origin.triggered_by,
         }).fetchone()
         conn.commit()
     assert row is not None
     return int(row[0])
 
 
+def _finish_params(run_id: int, status: str, summary: dict[str, Any], error: str | None,
+                   with_timings: bool = True) -> dict[str, Any]:
+    return {
+        # Exception text can carry a DSN with its password (a driver's connect error): the
+        # row is read by auditors and shown in alerts, so it is stored redacted.
+        "run_id": run_id, "status": status, "error": None if error is None else redact(error),
+        "trades": summary.get("trades"),
+        "duplicates_removed": summary.get("duplicates_removed"),
+        "malformed": summary.get("malformed"), "positions": summary.get("positions"),
+        "accounts": summary.get("accounts"),
+        "gross_notional": summary.get("gross_notional"),
+        "netting_efficiency": summary.get("netting_efficiency"),
+        # A published run's timings are recorded when its leftovers are done (complete_run).
+        "timings": json.dumps(summary.get("timings", {})) if with_timings else None,
+    }
+
+
 def finish_run(settings: Settings, run_id: int, status: str, summary: dict[str, Any],
                error: str | None = None) -> None:
-    """Record the run's outcome. Raises ``LeaseLost`` when the run is no longer running: a
-    close that took the date over recorded it ``abandoned``, and that record stands."""
+    """Record the outcome of a run that did not publish. Raises ``LeaseLost`` when the run
+    is no longer running: a close that took the date over recorded it ``abandoned``, and
+    that record stands."""
     with connect(settings.settlement_dsn) as conn:
-        cur = conn.execute(q("eod", "finish_run"), {
-            # Exception text can carry a DSN with its password (a driver's connect error):
-            # the row is read by auditors and shown in alerts, so it is stored redacted.
-            "run_id": run_id, "status": status, "error": None if error is None else redact(error),
-            "trades": summary.get("trades"),
-            "duplicates_removed": summary.get("duplicates_removed"),
-            "malformed": summary.get("malformed"), "positions": summary.get("positions"),
-            "accounts": summary.get("accounts"),
-            "gross_notional": summary.get("gross_notional"),
-            "netting_efficiency": summary.get("netting_efficiency"),
-            "timings": json.dumps(summary.get("timings", {})),
-        })
+        cur = conn.execute(q("eod", "finish_run"),
+                           _finish_params(run_id, status, summary, error))
         conn.commit()
     if cur.rowcount != 1:
         raise LeaseLost(f"run {run_id} was taken over and recorded abandoned before it "
                         f"finished; its outcome ({status}) is not recorded")
+
+
+def complete_run(settings: Settings, run_id: int, timings: dict[str, float],
+                 error: str | None) -> None:
+    """A published run's last record: its timings, and what of its leftovers failed (the
+    append-only rule lets these fill only what is empty)."""
+    with connect(settings.settlement_dsn) as conn:
+        conn.execute(q("eod", "complete_run"), {
+            "run_id": run_id, "timings": json.dumps(timings),
+            "error": None if error is None else redact(error)})
+        conn.commit()
 
 
 def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> None:
@@ -101,14 +134,57 @@ def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> 
                     copy.write_row((run_id, *row))
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """What a close's publishing transaction records beside the positions: the run's end
+    (its figures, status ``succeeded``), its validation verdict and its report's facts."""
+
+    summary: dict[str, Any]
+    validation: dict[str, Any]
+    success: bool
+    report: PlannedReport | None
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one publishing transaction committed."""
+
+    run_id: int
+    version: int
+    instructions: InstructionSet | None
+    instructions_error: str | None  # why the set could not be made (no settlement date)
+
+
+def hold_at_most(conn: psycopg.Connection, settings: Settings) -> None:
+    """This transaction holds the date's lease row (the fence) and the instruction writers'
+    lock: if its client freezes or goes silent, the server ends it within half a lease, so
+    the date is free for a takeover within lease + that, not when the operating system gives
+    up on the connection (about two hours). A frozen process answers TCP keepalives, hence
+    the idle timeout; a vanished host does not, hence the keepalives."""
+    idle = max(1, int(settings.close_lease_seconds / 2))
+    conn.execute(q("eod", "hold_at_most"), {"idle": f"{idle}s", "probe": str(max(1, idle // 3)),
+                                           "user_timeout": str(idle * 1000)})
+
+
+class BaseMoved(Exception):
+    """A held re-close whose base is no longer the published run: it was computed against a
+    day that another publication has replaced."""
+
+
 def publish(settings: Settings, run_id: int, trade_date: str,
-            accepted_incomplete: str | None, lease: Lease | None = None) -> None:
-    """Replace the date's published rows with the run's, and say which run they came from,
-    in one transaction: readers see the old day or the new one, never a mix. With the
-    close's ``lease``, only while it still holds the date (the fencing token)."""
+            accepted_incomplete: str | None, lease: Lease | None = None,
+            record: RunRecord | None = None, base_run: int | None = None) -> Published:
+    """The commit point of a close: in one transaction, the run's rows replace the date's
+    published rows, the run becomes the date's next version, its instruction set is written
+    (every id and line) and, with ``record``, the run's end, verdict and report facts. Readers
+    see the old day or the new one, never a mix; a close that dies after the commit leaves a
+    day whose every fact is committed, and whoever comes next only writes the files. With
+    the close's ``lease``, only while it still holds the date (the fencing token); with
+    ``base_run`` (a held re-close), only while that run is still the published one."""
     params = {"run_id": run_id, "trade_date": trade_date,
               "accepted_incomplete": accepted_incomplete}
     with connect(settings.settlement_dsn) as conn, conn.transaction():
+        hold_at_most(conn, settings)
         if lease is not None:
             lease.check_fence(conn)
         # Publications of a date are serialised, and a run never replaces one that started
@@ -116,13 +192,45 @@ def publish(settings: Settings, run_id: int, trade_date: str,
         # asset was already emitted.
         conn.execute(q("eod", "lock_publication"), params)
         row = conn.execute(q("eod", "published_run"), params).fetchone()
-        if row is not None and int(row[0]) > run_id:
-            raise Superseded(int(row[0]))
+        current = None if row is None else int(row[0])
+        if current is not None and current > run_id:
+            raise Superseded(current)
+        if base_run is not None and current != base_run:
+            raise BaseMoved(f"run {run_id} was computed against run {base_run}, but the "
+                            f"published run of {trade_date} is now {current}: not "
+                            "publishing it; re-close the date again")
         for table in RESULT_TABLES:
             conn.execute(q("eod", f"delete_{table}"), params)
             conn.execute(q("eod", f"publish_{table}"), params)
         conn.execute(q("eod", "mark_published"), params)
         conn.execute(q("eod", "record_publication"), params)
+        if record is not None:
+            if conn.execute(q("eod", "finish_run"), _finish_params(
+                    run_id, "succeeded", record.summary, None, with_timings=False)
+                            ).rowcount != 1:
+                raise LeaseLost(f"run {run_id} was taken over and recorded abandoned: "
+                                "not publishing")
+            conn.execute(q("eod", "record_validation"), {
+                "run_id": run_id, "success": record.success,
+                "validation": json.dumps(record.validation, default=str),
+                "report_path": None if record.report is None
+                else str(record.report.files.html)})
+        day, why = None, None
+        try:
+            day = for_run(conn, settings, trade_date, run_id)
+        except InstructionsError as e:  # no settlement date: the day stands, the error says
+            why = f"the settlement instructions were not written: {e}"
+        if record is not None and record.report is not None:
+            from settlement.report import store_report
+            from settlement.report.facts import settlement_facts
+
+            record.report.facts["settlement"] = settlement_facts(
+                None if day is None else planned(settings, day))
+            store_report(conn, record.report)
+        version = int(conn.execute(q("eod", "run_version"), params).fetchone()[0])  # type: ignore[index]
+        crash_point(settings.crash_at, "publish.before_commit")
+    crash_point(settings.crash_at, "publish.after_commit")
+    return Published(run_id, version, day, why)
 
 
 class Superseded(Exception):
@@ -153,12 +261,19 @@ class NotHeld(Exception):
     """The run named is not a validated, unpublished run of the date."""
 
 
+class SameApprover(Exception):
+    """The operator approving a held re-close is the one who asked for it."""
+
+
 def publish_held(settings: Settings, run_id: int, trade_date: str,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[str], None] | None = None,
+                 approved_by: str | None = None) -> dict[str, Any]:
     """Publish a run that was computed, validated and held for approval, as the date's next
     version, under the date's lease (a close of the date in progress is waited for, and a
-    run started after this one that already published wins: ``Superseded``); then its
-    settlement instructions. Returns the version and the instructions."""
+    run started after this one that already published wins: ``Superseded``), only while the
+    run it was computed against is still the published one (``BaseMoved``), and never on
+    the approval of whoever asked for it (``SameApprover``). Its instruction set commits with
+    it; then the set's files. Returns the version and the instructions."""
     settings = settings.for_component("settlement")
     say = progress or (lambda _step: None)
     with connect(settings.settlement_dsn) as conn:
@@ -166,7 +281,11 @@ def publish_held(settings: Settings, run_id: int, trade_date: str,
                            {"run_id": run_id, "trade_date": trade_date}).fetchone()
     if row is None or row[0] != "succeeded" or row[1] is not True or row[2]:
         raise NotHeld(f"run {run_id} is not a validated, unpublished run of {trade_date} "
-                      f"(status, validation, published: {row}); compute it again")
+                      f"(status, validation, published: {row and row[:3]}); compute it again")
+    base_run, triggered_by = row[3], row[4]
+    if approved_by is not None and triggered_by is not None and approved_by == triggered_by:
+        raise SameApprover(f"run {run_id} was asked for by {triggered_by}: its approval must "
+                           "come from another operator")
     got = acquire(settings, trade_date, ttl=settings.close_lease_seconds,
                   wait_seconds=settings.close_wait_seconds, say=say)
     if isinstance(got, Joined):
@@ -178,16 +297,15 @@ def publish_held(settings: Settings, run_id: int, trade_date: str,
             raise RuntimeError(f"another close of {trade_date} holds its lease; publish "
                                f"run {run_id} again once it has finished")
     try:
-        publish(settings, run_id, trade_date, None, got)
-        timings: dict[str, float] = {}
-        pub = Publication(True, None, "approved by an operator: published")
-        sent, sent_error = _instructions(settings, trade_date, pub, timings, say)
+        published = publish(settings, run_id, trade_date, None, got,
+                            base_run=None if base_run is None else int(base_run))
+        sent, sent_error = _instruction_files(settings, published, {}, say)
     finally:
         got.release()
-    version = run_version(settings, run_id)
-    say(f"run {run_id} published as version {version} of {trade_date}")
-    return {"run_id": run_id, "trade_date": trade_date, "published": True, "version": version,
-            "instructions": sent, "instructions_error": sent_error}
+    say(f"run {run_id} published as version {published.version} of {trade_date}")
+    return {"run_id": run_id, "trade_date": trade_date, "published": True,
+            "version": published.version, "instructions": sent,
+            "instructions_error": sent_error}
 
 
 def record_decision(settings: Settings, run_id: int, trade_date: str, decision: str,
@@ -251,7 +369,7 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             accept_incomplete: str | None = None,
             progress: Callable[[str], None] | None = None,
             only_if_unsettled: bool = False, reclose: bool = False,
-            hold: bool = False) -> dict[str, Any]:
+            hold: bool = False, triggered_by: str | None = None) -> dict[str, Any]:
     """Close one date: take the date's lease (or join the close holding it), stage the
     results, validate them, publish only if validation passed (or ``accept_incomplete``
     gives the operator's reason to publish anyway), report.
@@ -265,7 +383,13 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
     closes brought (``settle eod --reclose``); without any awaiting it does nothing and says
     so (``nothing_to_reclose``). Under the date's lease, like any close: one in progress is
     joined. ``hold``: a validated result is kept for an operator's approval instead of being
-    published (``publish_held`` publishes it; the eod_reclose DAG).
+    published (``publish_held`` publishes it; the eod_reclose DAG). ``triggered_by``: who
+    asked for the close (recorded with the run: a held re-close's approver must be another).
+
+    A published date is never settled again while a ledger cannot be asked whether its day
+    changed (``LedgersUnreachable``), and never re-closed while a re-close of it is held
+    (``RecloseHeld``). A close that finds the date published finishes what that publication
+    left (its files), from what it committed.
     """
     if accept_incomplete is not None and not accept_incomplete.strip():
         raise ValueError("--accept-incomplete needs the reason the day is published anyway")
@@ -279,17 +403,29 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         for run in got.abandoned:
             say(f"run {run} of {trade_date} was left running by a close that stopped: "
                 "recorded abandoned; this close takes over")
+        published_now = published_run(settings, trade_date)
+        if published_now is not None:
+            refuse_unprovable(settings, trade_date, published_now)
         pending = None
         if reclose:
+            held = held_reclose(settings, trade_date)
+            if held is not None:
+                raise RecloseHeld(
+                    f"{trade_date}: run {held} is a re-close held for approval against the "
+                    f"published run {published_now}: approve or reject it (the eod_reclose "
+                    "DAG's approval) before re-closing the date again")
             # Asked under the lease: a re-close that finished meanwhile has settled them.
             pending = awaiting_reclose(settings, trade_date)
             if not pending:
                 note = (f"{trade_date}: no post-close amendments await a re-close (no amended "
                         "close since the published run): nothing to do")
                 say(note)
-                return {"trade_date": trade_date, "reclose": True, "nothing_to_reclose": True,
-                        "pending_amendments": 0, "published": False, "publication": note,
-                        "abandoned_runs": got.abandoned}
+                out = {"trade_date": trade_date, "reclose": True, "nothing_to_reclose": True,
+                       "pending_amendments": 0, "published": False, "publication": note,
+                       "abandoned_runs": got.abandoned}
+                if published_now is not None:
+                    out.update(finish_published(settings, trade_date, published_now, say))
+                return out
             say(f"{trade_date}: re-closing with {pending[0].amendments} post-close "
                 f"amendment(s) since {pending[0].since} (published run "
                 f"{pending[0].published_run}, version {pending[0].version})")
@@ -297,10 +433,13 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         if done is not None:
             say(f"{trade_date}: already settled by run {done} (published after the day's "
                 "close markers): nothing to do; rerun to settle it again")
-            return {**latest_run(settings, trade_date, done), "already_settled_by": done,
-                    "abandoned_runs": got.abandoned}
+            return {**latest_run(settings, trade_date, done),
+                    **finish_published(settings, trade_date, done, say),
+                    "already_settled_by": done, "abandoned_runs": got.abandoned}
+        crash_point(settings.crash_at, "close.leased")
         out = _close(settings, trade_date, got, source, validate, reason, accept_incomplete,
-                     say, hold)
+                     say, hold, RunOrigin(pending[0].published_run if pending else None,
+                                          triggered_by))
         if pending:
             out["reclose"] = True
             out["reclosed"] = pending[0].as_dict()
@@ -311,12 +450,41 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
         got.release()
 
 
+class RecloseHeld(SettlementError):
+    """A re-close of the date already waits for an operator's decision."""
+
+
+class LedgersUnreachable(SettlementError):
+    """A published date whose ledgers cannot all be asked whether the day changed."""
+
+
+def refuse_unprovable(settings: Settings, trade_date: str, published: int) -> None:
+    """A published date is settled again only if every ledger can be asked for the day's
+    close markers: an unreachable ledger may hold a marker nobody has seen, but it may as
+    well hold nothing new, and settling again would then send the same day twice (a new
+    version, a new instruction set). Raises ``LedgersUnreachable``: the day stands."""
+    seen = marker_offsets(settings, trade_date)
+    if isinstance(seen, str):
+        raise LedgersUnreachable(
+            f"{trade_date} is published (run {published}) and {seen}: not settling it "
+            "again, which could publish it twice; the published day stands. Close it again "
+            "once every ledger answers (`settle status` shows them)")
+
+
+def held_reclose(settings: Settings, trade_date: str) -> int | None:
+    with connect(settings.settlement_dsn) as conn:
+        row = conn.execute(q("eod", "held_reclose"), {"trade_date": trade_date}).fetchone()
+    return None if row is None else int(row[0])
+
+
 def joined_summary(settings: Settings, trade_date: str, joined: Joined,
                    say: Callable[[str], None]) -> dict[str, Any]:
     """A close that waited for another: that run's outcome, not a computation of its own."""
     out = latest_run(settings, trade_date, joined.run_id)
     say(f"{trade_date}: joined run {joined.run_id} after {joined.waited_seconds:.0f}s: "
         f"{out['status']}")
+    if out["published"]:  # its files, if it died before writing them
+        out.update(finish_published(settings, trade_date, joined.run_id, say))
     return {**out, "joined_run_id": joined.run_id,
             "waited_seconds": joined.waited_seconds,
             "publication": (f"joined run {joined.run_id}, which "
@@ -325,12 +493,13 @@ def joined_summary(settings: Settings, trade_date: str, joined: Joined,
                             ).rstrip(": ")}
 
 
-def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: Lease) -> int:
+def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: Lease,
+              origin: RunOrigin = RunOrigin()) -> int:
     """The close's run, recorded and named in its lease. A close that cannot name it there
     (its lease session gone: its site was frozen past the lease and its server demoted
     meanwhile, issue 41's site-freeze drill) records the run failed rather than leaving it
     `running` for nobody, and raises."""
-    run_id = start_run(settings, trade_date, choice, lease)
+    run_id = start_run(settings, trade_date, choice, lease, origin)
     try:
         lease.attach(run_id)
     except psycopg.Error as e:
@@ -343,7 +512,8 @@ def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: 
 
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
-           say: Callable[[str], None], hold: bool = False) -> dict[str, Any]:
+           say: Callable[[str], None], hold: bool = False,
+           origin: RunOrigin = RunOrigin()) -> dict[str, Any]:
     from settlement.spark.session import start_session
 
     t0 = time.perf_counter()
@@ -365,7 +535,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started,
                             day_rows=choice.day_rows(), jvm_info=jvm)
     imports_t0 = time.perf_counter()
-    from settlement.report import write_report
+    from settlement.report import plan_report, render_report, write_report
     from settlement.spark.io import read_day
     from settlement.spark.settle import dedupe_day, net_day
     from settlement.validation.day import (
@@ -376,7 +546,8 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     from settlement.validation.run import discard_prepared, prepare_context
 
     timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
-    run_id = begin_run(settings, trade_date, choice, lease)
+    run_id = begin_run(settings, trade_date, choice, lease, origin)
+    crash_point(settings.crash_at, "close.run_started")
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
     summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
     read = day = settled = None
@@ -428,6 +599,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         result = settled.result
         result.timings = {**timings, **result.timings}
         _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
+        crash_point(settings.crash_at, "close.staged")
         if validating is not None:
             lease.ensure_held()
             outcome = _timed(result.timings, "validate_wait", validating.result)
@@ -438,25 +610,49 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         if hold and pub.published:
             pub = Publication(False, None, "validation passed: held for an operator's approval "
                               "(not published yet)", held=True)
+        crash_point(settings.crash_at, "close.validated")
         say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
-        if pub.published:
+        published: Published | None = None
+        planned: PlannedReport | None = None
+        report, report_error = None, None
+        if pub.published and outcome is not None:
             try:
-                _timed(result.timings, "publish", lambda: publish(
-                    settings, run_id, trade_date, pub.accepted_incomplete, lease))
+                planned = plan_report(settings, run_id, trade_date, choice, result, outcome,
+                                      pub)
+            except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
+                report_error = redact(f"the audit report was not written: "
+                                      f"{type(e).__name__}: {e}")
+                say(report_error)
+            record = RunRecord({**summary, **result.summary()}, outcome.as_dict(),
+                               outcome.success, planned)
+            try:
+                published = _timed(result.timings, "publish", lambda: publish(
+                    settings, run_id, trade_date, pub.accepted_incomplete, lease, record))
+                finished = True  # the run's end and verdict committed with the day
             except Superseded as e:
                 pub = Publication(False, None, f"not published: {e}; this run's results "
                                   "are kept in the run_* tables", superseded_by=e.newer_run)
                 say(pub.note)
-        sent, sent_error = _instructions(settings, trade_date, pub, result.timings, say)
-        report, report_error = None, None
-        if outcome is not None:
+        sent, sent_error = None, None
+        if published is not None:
+            sent, sent_error = _instruction_files(settings, published, result.timings, say)
+            crash_point(settings.crash_at, "close.instruction_files")
+            if planned is not None:
+                say("writing the audit report")
+                try:
+                    report = _timed(result.timings, "report",
+                                    lambda: render_report(settings, planned))
+                except Exception as e:  # noqa: BLE001 - its facts are committed
+                    report_error = redact(f"the audit report's files were not written: "
+                                          f"{type(e).__name__}: {e}")
+                    say(report_error)
+            crash_point(settings.crash_at, "close.report_files")
+        elif outcome is not None:
             say("writing the audit report")
             try:
                 report = _timed(result.timings, "report", lambda: write_report(
-                    settings, run_id, trade_date, choice, result, outcome, pub, sent))
-            except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
-                # The day may already be published: a report that cannot be written is
-                # recorded against the run, never turned into a failed settlement.
+                    settings, run_id, trade_date, choice, result, outcome, pub, None))
+            except Exception as e:  # noqa: BLE001 - the run's verdict stands without it
                 report_error = redact(f"the audit report was not written: "
                                       f"{type(e).__name__}: {e}")
                 say(report_error)
@@ -468,7 +664,7 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         summary.update(result.summary())
         summary.update({"published": pub.published, "publication": pub.note,
                         "accepted_incomplete": pub.accepted_incomplete,
-                        "version": run_version(settings, run_id) if pub.published else None})
+                        "version": None if published is None else published.version})
         if pub.held:
             summary["held_for_approval"] = True
             summary["delta"] = delta_size(settings, run_id, trade_date)
@@ -483,16 +679,23 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
         if sent is not None:
             summary["settlement_date"] = sent["settlement_date"]
             summary["instructions"] = sent
-        finish_run(settings, run_id, status, summary, error=error)
-        finished = True
+        if published is not None:
+            complete_run(settings, run_id, result.timings, error)
+        else:
+            finish_run(settings, run_id, status, summary, error=error)
+            finished = True
+            if outcome is not None:
+                record_validation(settings, run_id, outcome,
+                                  None if report is None else str(report.html))
+            if pub.held:
+                crash_point(settings.crash_at, "reclose.held")
         summary["status"] = status
         if outcome is not None:
-            record_validation(settings, run_id, outcome,
-                              None if report is None else str(report.html))
             summary.update({"validation_success": outcome.success,
                             "validation": outcome.as_dict()})
         if report is not None:
             summary.update({"report_path": str(report.html), "report_json": str(report.json)})
+        crash_point(settings.crash_at, "close.completed")
     except Exception as e:
         if not finished:
             summary["timings"] = timings
@@ -519,25 +722,52 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     return summary
 
 
-def _instructions(settings: Settings, trade_date: str, pub: Publication,
-                  timings: dict[str, float], say: Callable[[str], None]
-                  ) -> tuple[dict[str, Any] | None, str | None]:
-    """A published day's settlement instructions, written to the database and as files
-    beside the report (which links them). Like the report, instructions that cannot be
-    written leave the published day standing: the error is recorded against the run and
-    `settle instructions --date` writes them later."""
-    if not pub.published:
-        return None, None
+def _instruction_files(settings: Settings, published: Published,
+                       timings: dict[str, float], say: Callable[[str], None]
+                       ) -> tuple[dict[str, Any] | None, str | None]:
+    """The committed instruction set's files beside the report (which links them). Files
+    that cannot be written leave the published day and its set standing: the error is
+    recorded against the run and `settle instructions --date` writes them later, from the
+    same set."""
+    if published.instructions is None:
+        if published.instructions_error is not None:
+            say(published.instructions_error)
+        return None, published.instructions_error
     say("writing the settlement instructions")
+    day = published.instructions
     try:
-        sent = _timed(timings, "instructions", lambda: write_files(settings, trade_date))
+        sent = _timed(timings, "instructions", lambda: write_set_files(settings, day))
     except Exception as e:  # noqa: BLE001 - the day's publication stands without them
-        why = redact(f"the settlement instructions were not written: {type(e).__name__}: {e}")
+        why = redact(f"the settlement instruction files were not written: "
+                     f"{type(e).__name__}: {e}")
         say(why)
         return None, why
     say(f"{sent['instructions']} settlement instructions for {sent['settlement_date']}: "
         + ", ".join(sent["paths"].values()))
     return sent, None
+
+
+def finish_published(settings: Settings, trade_date: str, run_id: int,
+                     say: Callable[[str], None]) -> dict[str, Any]:
+    """What a close that finds the date published by ``run_id`` finishes for it, from what
+    that publication committed: the files of its instruction set and its audit report's
+    files. It never computes the day, publishes or makes a new instruction set."""
+    from settlement.report import render_report, stored_report
+
+    out: dict[str, Any] = {}
+    try:
+        out["instructions"] = write_files(settings, trade_date)
+    except InstructionsError as e:
+        out["instructions_error"] = str(e)
+    report = stored_report(settings, run_id)
+    if report is not None and report.run_id == run_id:
+        files = report.files
+        if not (files.html.exists() and files.json.exists()):
+            render_report(settings, report)
+            say(f"{trade_date}: wrote run {run_id}'s audit report from its committed facts "
+                f"({files.html})")
+        out.update({"report_path": str(files.html), "report_json": str(files.json)})
+    return out
 
 
 def decide_publication(outcome: ValidationOutcome | None,

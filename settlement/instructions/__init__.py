@@ -13,15 +13,30 @@ from typing import Any
 
 from settlement.config import Settings
 from settlement.instructions.files import FORMATS, default_path, write
-from settlement.instructions.store import instructions
+from settlement.instructions.store import InstructionSet, instructions
+
+
+def planned(settings: Settings, day: InstructionSet,
+            formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
+    """The set's summary with the ``paths`` its files have (written or not yet): what the
+    publishing transaction records in the day's audit report."""
+    return {**day.as_dict(),
+            "paths": {fmt: str(default_path(Path(settings.reports_dir), day, fmt))
+                      for fmt in formats}}
+
+
+def write_set_files(settings: Settings, day: InstructionSet,
+                    formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
+    """A committed set's files, one per format, beside the audit reports (rewriting them
+    gives the same bytes: the set is the committed one). Returns ``planned``."""
+    out = planned(settings, day, formats)
+    for fmt, path in out["paths"].items():
+        write(day, fmt, Path(path), settings.settlement_currency)
+    return out
 
 
 def write_files(settings: Settings, trade_date: str,
                 formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
-    """The published day's instructions (written to the database on first use) as files
-    beside the audit reports, one per format; what the DAG and the close call after a
-    publication. Returns the set's summary with ``paths``."""
-    day = instructions(settings, trade_date)
-    paths = {fmt: str(write(day, fmt, default_path(Path(settings.reports_dir), day, fmt),
-                            settings.settlement_currency)) for fmt in formats}
-    return {**day.as_dict(), "paths": paths}
+    """The published day's committed instructions as files: what the close finishes after a
+    publication, and what a close that finds the day published finishes for it."""
+    return write_set_files(settings, instructions(settings, trade_date), formats)

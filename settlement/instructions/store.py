@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from settlement.config import Settings
+from settlement.crashpoints import crash_point
 from settlement.db import connect, q
 from settlement.instructions.calendar import CalendarError, settlement_date
 from settlement.instructions.model import (
@@ -50,28 +51,40 @@ def _rows(rows: list[tuple[Any, ...]]) -> list[Instruction]:
 
 
 def instructions(settings: Settings, trade_date: str) -> InstructionSet:
-    """The published run's instructions for its settlement date, written on first use (in
-    one transaction with the fails they carry in, so a fail is carried once)."""
+    """The published run's instructions for its settlement date: the set its publishing
+    transaction committed (``for_run``). A day published before sets were committed with it
+    gets its set written here, once (in one transaction with the fails it carries in, so a
+    fail is carried once)."""
     s = settings.for_component("settlement")
     with connect(s.settlement_dsn) as conn, conn.transaction():
-        conn.execute(q("instructions", "lock"))
         row = conn.execute(q("instructions", "published_run"),
                            {"trade_date": trade_date}).fetchone()
         if row is None:
             raise InstructionsError(f"{trade_date} has no published run: settle it first "
                                     f"(settle eod --date {trade_date})")
-        run_id, sdate, version = int(row[0]), row[1], int(row[2])
-        have = _rows(conn.execute(q("instructions", "run_instructions"),
-                                  {"run_id": run_id}).fetchall())
-        if sdate is None:
-            try:
-                sdate = settlement_date(s, trade_date)
-            except CalendarError as e:
-                raise InstructionsError(f"{trade_date}: no settlement date: {e}") from None
-        if have:
-            carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
-            return InstructionSet(trade_date, str(sdate), run_id, version, have, carried)
-        return _write(conn, trade_date, str(sdate), run_id, version)
+        return for_run(conn, s, trade_date, int(row[0]))
+
+
+def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
+            run_id: int) -> InstructionSet:
+    """Run ``run_id``'s instruction set, in the caller's transaction: the one stored, else
+    written now (the publishing transaction calls this, so a published version and its
+    instructions commit together, or neither does)."""
+    conn.execute(q("instructions", "lock"))
+    row = conn.execute(q("instructions", "run_settlement"), {"run_id": run_id}).fetchone()
+    assert row is not None, f"run {run_id} is not recorded"
+    sdate, version = row[0], int(row[1])
+    have = _rows(conn.execute(q("instructions", "run_instructions"),
+                              {"run_id": run_id}).fetchall())
+    if sdate is None:
+        try:
+            sdate = settlement_date(settings, trade_date)
+        except CalendarError as e:
+            raise InstructionsError(f"{trade_date}: no settlement date: {e}") from None
+    if have:
+        carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
+        return InstructionSet(trade_date, str(sdate), run_id, version, have, carried)
+    return _write(conn, trade_date, str(sdate), run_id, version)
 
 
 def _write(conn: psycopg.Connection, trade_date: str, sdate: str, run_id: int,
@@ -151,14 +164,20 @@ def read_answers(path: Path) -> list[Answer]:
             continue
         qty: int | None = None
         if settled:
-            if not settled.isdigit():
-                errors.append(f"line {n}: settled_quantity {settled!r} is not a whole number")
+            # ASCII digits only: str.isdigit also accepts "²" and other digits int() refuses.
+            if not (settled.isascii() and settled.isdigit()):
+                errors.append(f"line {n}: settled_quantity {settled!r} is not a whole number "
+                              "(digits 0-9)")
                 continue
             if status == "failed":
                 errors.append(f"line {n}: a failed instruction settled nothing; a partial "
                               "settlement is status 'settled' with its settled_quantity")
                 continue
             qty = int(settled)
+            if qty == 0:
+                errors.append(f"line {n}: settled_quantity 0 settles nothing: an instruction "
+                              "that settled nothing is status 'failed'")
+                continue
         if iid in seen:
             errors.append(f"line {n}: {iid} is answered twice in this file")
             continue
@@ -190,7 +209,9 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
                 errors.append(f"line {a.line}: unknown instruction {a.instruction_id}")
                 continue
             instr, current, had, had_qty = Instruction(*row[:11]), row[11], row[12], row[13]
-            why = _refusal(a, instr, bool(current), had, had_qty)
+            a = _whole(a, instr)
+            why = _refusal(a, instr, bool(current), had,
+                           None if had_qty == instr.quantity else had_qty)
             if why == "":
                 counts["unchanged"] += 1
             elif why:
@@ -218,9 +239,18 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
                    "open_fails": int(f), "share": round(int(f) / int(n), 4)}
                   for d, t, n, f in conn.execute(q("instructions", "fail_share"),
                                               {"dates": sorted(dates)})]
+        crash_point(s.crash_at, "answers.before_commit")
+    crash_point(s.crash_at, "answers.after_commit")
     return {"file": str(path), **counts, "fail_shares": shares,
             "over_threshold": [x for x in shares if x["share"] > s.fails_alert_share],
             "fails_alert_share": s.fails_alert_share}
+
+
+def _whole(a: Answer, instr: Instruction) -> Answer:
+    """``settled`` and ``settled,<the whole quantity>`` are one answer: settled whole."""
+    if a.status == "settled" and a.settled_quantity == instr.quantity:
+        return Answer(a.line, a.instruction_id, a.status, None)
+    return a
 
 
 def _refusal(a: Answer, instr: Instruction, current: bool, had: str | None,

@@ -22,14 +22,16 @@ class RecloseFailed(RuntimeError):
     """The re-close did not produce a validated result to approve."""
 
 
-def compute(settings: Settings, trade_date: str, source: str) -> dict[str, Any]:
+def compute(settings: Settings, trade_date: str, source: str,
+            triggered_by: str | None = None) -> dict[str, Any]:
     """Settle and validate ``trade_date`` again with its post-close amendments and hold the
-    result. Returns what the approval shows (no secrets: XCom is visible in the UI):
+    result, recording who asked for it (``triggered_by``: its approver must be another).
+    Returns what the approval shows (no secrets: XCom is visible in the UI):
     ``nothing_to_reclose`` when no amendment awaits, else the held run and its delta."""
     from settlement.close.pipeline import run_eod
 
     out = run_eod(settings, trade_date, source=source, reclose=True, hold=True,
-                  progress=print)
+                  progress=print, triggered_by=triggered_by)
     if out.get("nothing_to_reclose"):
         return {"trade_date": trade_date, "nothing_to_reclose": True,
                 "note": out["publication"]}
@@ -46,7 +48,8 @@ def compute(settings: Settings, trade_date: str, source: str) -> dict[str, Any]:
             "amendments": out["reclosed"]["amendments"],
             "amended_since": out["reclosed"]["since"],
             "published_version": out["reclosed"]["version"],
-            "delta": out["delta"], "report_path": out.get("report_path")}
+            "delta": out["delta"], "report_path": out.get("report_path"),
+            "triggered_by": triggered_by}
 
 
 def approval_body(held: dict[str, Any]) -> str:
@@ -76,13 +79,16 @@ def chosen(decision: Any) -> tuple[str, str]:
     return ("approved" if decision["chosen_options"][0] == APPROVE else "rejected"), who
 
 
-def publish(settings: Settings, held: dict[str, Any]) -> dict[str, Any]:
-    """The approved run, published as the day's next version (under the date's lease)."""
+def publish(settings: Settings, held: dict[str, Any], decision: Any = None) -> dict[str, Any]:
+    """The approved run, published as the day's next version (under the date's lease), if
+    its approver is not the operator who triggered it."""
     from settlement.close.pipeline import publish_held
 
     if held.get("nothing_to_reclose"):
         return {"published": False, "note": held["note"]}
-    return publish_held(settings, int(held["run_id"]), held["trade_date"], progress=print)
+    _verdict, who = chosen(decision)
+    return publish_held(settings, int(held["run_id"]), held["trade_date"], progress=print,
+                        approved_by=None if decision is None else who)
 
 
 def record(settings: Settings, held: dict[str, Any], decision: Any,

@@ -32,9 +32,9 @@ group by kafka_partition
 
 -- name: start_run
 insert into settlement_runs (trade_date, source, source_reason, status, offsets, holder,
-                             fencing_token, settlement_date)
+                             fencing_token, settlement_date, based_on_run, triggered_by)
 values (%(trade_date)s, %(source)s, %(source_reason)s, 'running', %(offsets)s, %(holder)s,
-        %(token)s, %(settlement_date)s)
+        %(token)s, %(settlement_date)s, %(based_on_run)s, %(triggered_by)s)
 returning run_id
 
 -- name: finish_run
@@ -44,6 +44,13 @@ set status = %(status)s, trades = %(trades)s, duplicates_removed = %(duplicates_
     gross_notional = %(gross_notional)s, netting_efficiency = %(netting_efficiency)s,
     timings = %(timings)s, error = %(error)s, finished_at = now()
 where run_id = %(run_id)s and status = 'running'  -- not if a takeover abandoned it
+
+-- name: complete_run
+-- A published run's last record (its end and verdict committed with the publication): what
+-- is still empty, filled.
+update settlement_runs
+set timings = coalesce(timings, %(timings)s), error = coalesce(error, %(error)s)
+where run_id = %(run_id)s
 
 -- name: record_validation
 update settlement_runs
@@ -119,6 +126,14 @@ where trade_date <= %(trade_date)s and offsets ? 'topic_partitions'
 order by trade_date desc, run_id desc
 limit 1
 
+-- name: hold_at_most
+-- The publishing transaction's bounds, for this transaction only (pipeline.hold_at_most).
+select set_config('idle_in_transaction_session_timeout', %(idle)s, true),
+       set_config('tcp_keepalives_idle', %(probe)s, true),
+       set_config('tcp_keepalives_interval', %(probe)s, true),
+       set_config('tcp_keepalives_count', '3', true),
+       set_config('tcp_user_timeout', %(user_timeout)s, true)
+
 -- name: lock_publication
 -- One publication of a date at a time (released at commit): the newest-run check and the
 -- replacement of the rows are then one step.
@@ -150,8 +165,20 @@ where coalesce(n.net_qty, 0) <> coalesce(o.net_qty, 0)
 
 -- name: held_run
 -- A run kept for approval: of this date, finished, validated, not published.
-select status, validation_success, published_at is not null from settlement_runs
+select status, validation_success, published_at is not null, based_on_run, triggered_by
+from settlement_runs
 where run_id = %(run_id)s and trade_date = %(trade_date)s
+
+-- name: held_reclose
+-- A re-close of the date computed against the published run and held for approval: a second
+-- re-close while it waits is refused with its id.
+select r.run_id, r.triggered_by from settlement_runs r
+join published_days p on p.trade_date = r.trade_date and p.run_id = r.based_on_run
+where r.trade_date = %(trade_date)s and r.status = 'succeeded' and r.validation_success
+  and r.published_at is null
+  and not exists (select 1 from reclose_decisions d where d.run_id = r.run_id)
+order by r.run_id desc
+limit 1
 
 -- name: record_decision
 insert into reclose_decisions (run_id, trade_date, decision, decided_by, delta, outcome)

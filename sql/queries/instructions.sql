@@ -11,6 +11,10 @@ select r.run_id, r.settlement_date, r.version
 from published_days p join settlement_runs r on r.run_id = p.run_id
 where p.trade_date = %(trade_date)s
 
+-- name: run_settlement
+-- A published run's settlement date and version (the publishing transaction has numbered it).
+select settlement_date, version from settlement_runs where run_id = %(run_id)s
+
 -- name: previous_version
 -- The publication of the date before the current one (the version the delta is against).
 select r.run_id from settlement_runs r

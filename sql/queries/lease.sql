@@ -9,23 +9,27 @@ select pg_advisory_unlock(close_lease_key(%(trade_date)s::date))
 
 -- name: lease
 -- The row as a waiter sees it, with the outcome of the run it names and whether it was last
--- renewed before this server started (its holder's session died with a restart, not with
--- its holder: it may come back and take its lease again until the lease expires).
+-- renewed on another incarnation of the server than this one (a restart, or another member
+-- promoted: its holder's session died with the server, not with the holder, so it may come
+-- back and take its lease again until the lease expires). Rows renewed before migration 0016
+-- recorded no incarnation: their renewal time against this server's start.
 select l.token, l.run_id, l.holder, l.backend_pid, l.acquired_at, l.released_at,
        l.expires_at < now(), extract(epoch from now() - l.acquired_at),
-       r.status, r.validation_success, l.renewed_at < pg_postmaster_start_time()
+       r.status, r.validation_success,
+       coalesce(l.renewed_on <> pg_postmaster_start_time(),
+                l.renewed_at < pg_postmaster_start_time())
 from close_leases l left join settlement_runs r on r.run_id = l.run_id
 where l.trade_date = %(trade_date)s
 
 -- name: take
 -- Called with the lock held: this session is the date's only close, whatever the row said.
-insert into close_leases as l (trade_date, token, holder, backend_pid, expires_at)
+insert into close_leases as l (trade_date, token, holder, backend_pid, expires_at, renewed_on)
 values (%(trade_date)s, nextval('close_lease_tokens'), %(holder)s, pg_backend_pid(),
-        now() + make_interval(secs => %(ttl)s))
+        now() + make_interval(secs => %(ttl)s), pg_postmaster_start_time())
 on conflict (trade_date) do update
 set token = excluded.token, run_id = null, holder = excluded.holder,
     backend_pid = excluded.backend_pid, acquired_at = now(), renewed_at = now(),
-    expires_at = excluded.expires_at, released_at = null
+    expires_at = excluded.expires_at, released_at = null, renewed_on = excluded.renewed_on
 returning token
 
 -- name: abandon_running
@@ -41,7 +45,8 @@ where trade_date = %(trade_date)s and token = %(token)s
 
 -- name: renew
 update close_leases
-set renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s)
+set renewed_at = now(), expires_at = now() + make_interval(secs => %(ttl)s),
+    renewed_on = pg_postmaster_start_time()
 where trade_date = %(trade_date)s and token = %(token)s and released_at is null
 
 -- name: retake
@@ -50,7 +55,7 @@ where trade_date = %(trade_date)s and token = %(token)s and released_at is null
 -- carries its token, unreleased.
 update close_leases
 set backend_pid = pg_backend_pid(), renewed_at = now(),
-    expires_at = now() + make_interval(secs => %(ttl)s)
+    expires_at = now() + make_interval(secs => %(ttl)s), renewed_on = pg_postmaster_start_time()
 where trade_date = %(trade_date)s and token = %(token)s and released_at is null
 
 -- name: release

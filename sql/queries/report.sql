@@ -5,6 +5,9 @@
 insert into audit_reports (trade_date, run_id, report_json, html_path)
 values (%(trade_date)s, %(run_id)s, %(report_json)s, %(html_path)s)
 
+-- name: stored_report
+select trade_date::text, report_json, html_path from audit_reports where run_id = %(run_id)s
+
 -- Every figure of a day's report comes from that day only (issue 16). Two notions of "the
 -- day" inside a ledger, both derived from its close markers, so they hold across restarts,
 -- takeovers and any number of days kept in one ledger:
