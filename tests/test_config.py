@@ -132,3 +132,20 @@ def test_jaas_values_are_escaped() -> None:
     assert jaas_quote('a"b\\c') == '"a\\"b\\\\c"'
     login = jaas_login("SCRAM-SHA-512", "u", 'p" username="admin')
     assert login.endswith('password="p\\" username=\\"admin";')
+
+
+def test_crash_points_are_a_test_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SETTLE_CRASH_AT names a listed point and action, and a production configuration
+    (drills off) refuses it whole."""
+    monkeypatch.setenv("SETTLE_CRASH_AT", "publish.after_commit:kill")
+    assert load_settings().crash_at == "publish.after_commit:kill"
+    monkeypatch.setenv("SETTLE_DRILLS_ENABLED", "false")
+    with pytest.raises(ConfigError, match="SETTLE_CRASH_AT is a test setting"):
+        load_settings()
+    monkeypatch.delenv("SETTLE_DRILLS_ENABLED")
+    monkeypatch.setenv("SETTLE_CRASH_AT", "publish.after_comit:kill")
+    with pytest.raises(ConfigError, match="no crash point 'publish.after_comit'.*close.leased"):
+        load_settings()
+    monkeypatch.setenv("SETTLE_CRASH_AT", "close.staged:explode")
+    with pytest.raises(ConfigError, match="action 'explode'"):
+        load_settings()
