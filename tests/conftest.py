@@ -74,7 +74,8 @@ OWN_SERVERS = {"test_kafka_auth.py", "test_spark_cluster.py", "test_airflow_ui.p
 # The files that take minutes, slowest first (`--durations` of `make test`): run first, so
 # the parallel phase does not end with one worker on a long file while the other idles.
 SLOW_FIRST = ("test_crash_points.py", "test_dags.py", "test_spark_cluster.py",
-              "test_settlement.py", "test_airflow_ui.py", "test_report.py", "test_alerts.py", "test_close_lease.py", "test_hostile.py",
+              "test_settlement.py", "test_airflow_ui.py", "test_report.py", "test_alerts.py",
+              "test_close_lease.py", "test_hostile.py",
               "test_airflow_roles.py", "test_conflicting_replays.py", "test_wheel.py",
               "test_kafka_day.py", "test_validation.py", "test_site_partitions.py",
               "test_ingest.py", "test_ingest_faults.py", "test_parity.py")
