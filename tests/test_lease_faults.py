@@ -287,3 +287,42 @@ def test_a_close_whose_renewal_finds_the_lease_taken_stops_at_its_next_step(
             got.ensure_held()
     finally:
         got.release()
+
+
+def test_a_holder_renewed_on_another_server_gets_its_grace(isolated: Isolated,
+                                                           tmp_path: Path) -> None:
+    """After a failover the server a waiter asks is another member than the one the holder
+    renewed on, and the holder's lease session ended with the old one, not with the holder.
+    The row records where it was renewed (migration 0016): a waiter leaves such a holder its
+    lease until it expires (before, it compared times with the new member's start, which
+    predates the renewal, and took the date from a live holder). The failover is played on
+    the one embedded server: the row's renewal moved to another incarnation, the holder's
+    lease session ended; the holder, frozen meanwhile, then takes its lease back and
+    publishes, alone."""
+    import os
+    import signal
+
+    s = isolated.settings
+    ttl = 12.0
+    go = tmp_path / "go"
+    holder = _worker(isolated.env, go, ttl=ttl)
+    held = _line(holder)
+    os.kill(holder.pid, signal.SIGSTOP)
+    try:
+        with connect(s.for_component("admin").settlement_dsn, autocommit=True) as admin:
+            admin.execute("update close_leases set renewed_on = renewed_on - interval '1 day'"
+                          " where trade_date = %s", (DAY,))
+            ended = admin.execute(
+                "select pg_terminate_backend(backend_pid) from close_leases"
+                " where trade_date = %s", (DAY,)).fetchone()
+        assert ended == (True,)
+        with pytest.raises(close_lease.LeaseWaitTimeout):
+            _acquire(s, ttl=ttl, wait=4)  # well inside the holder's lease
+    finally:
+        os.kill(holder.pid, signal.SIGCONT)
+    time.sleep(ttl / 3 + 2)  # the holder's next renewal takes its lease back
+    go.touch()
+    assert _line(holder, timeout=60) == {"published": held["held"]}
+    assert holder.wait(30) == 0
+    assert _runs(s.settlement_dsn) == {held["held"]: ("succeeded", None)}
+    assert _published(s.settlement_dsn) == held["held"]

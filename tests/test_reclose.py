@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from settlement.close.pipeline import RecloseHeld, record_decision, run_eod
+from settlement.close.pipeline import (
+    BaseMoved,
+    RecloseHeld,
+    SameApprover,
+    publish_held,
+    published_run,
+    record_decision,
+    run_eod,
+)
 from settlement.config import Settings
 from settlement.contract import CLOSE_HEADERS
 from settlement.db import connect
@@ -209,6 +217,35 @@ def test_a_reclose_from_kafka_and_from_the_ledger_settles_the_busts(
     assert amended_since(DAY, amended_day["run1"]) is None
     again = run_eod(s, DAY, reclose=True)
     assert again["nothing_to_reclose"] and not again["published"], again
+
+
+@pytest.mark.services
+def test_a_held_reclose_is_one_at_a_time_bound_to_its_base_and_approved_by_another(
+        isolated: Isolated, amended_day: dict[str, Any]) -> None:
+    """Held at site A (triggered by ops-a): a re-close at site B is refused naming it; its
+    approval by ops-a is refused; once another publication replaced the run it was computed
+    against (an operator's rerun), its approval by ops-b publishes nothing. Every published
+    version has exactly one instruction set."""
+    s = isolated.settings
+    held = run_eod(s, DAY, source="db", reclose=True, hold=True, triggered_by="ops-a")
+    assert held["held_for_approval"], held
+    with pytest.raises(RecloseHeld, match=f"run {held['run_id']} is a re-close held"):
+        run_eod(s, DAY, reclose=True, triggered_by="ops-b")
+    with pytest.raises(SameApprover, match="ops-a"):
+        publish_held(s, held["run_id"], DAY, approved_by="ops-a")
+    assert published_run(s, DAY) == amended_day["run1"]
+    rerun = run_eod(s, DAY, source="kafka")  # by hand: the day's next version
+    assert rerun["published"] and rerun["version"] == 2, rerun
+    with pytest.raises(BaseMoved, match=f"computed against run {amended_day['run1']}"):
+        publish_held(s, held["run_id"], DAY, approved_by="ops-b")
+    assert published_run(s, DAY) == rerun["run_id"]
+    with connect(s.settlement_dsn) as conn:
+        versions = conn.execute(
+            "select r.run_id, r.version, (select count(distinct i.run_id) from"
+            " settlement_instructions i where i.run_id = r.run_id) from settlement_runs r"
+            " where r.trade_date = %s and r.published_at is not null order by r.version",
+            (DAY,)).fetchall()
+    assert versions == [(amended_day["run1"], 1, 1), (rerun["run_id"], 2, 1)], versions
 
 
 @pytest.mark.services
