@@ -193,12 +193,12 @@ def publish(settings: Settings, run_id: int, trade_date: str,
         conn.execute(q("eod", "lock_publication"), params)
         row = conn.execute(q("eod", "published_run"), params).fetchone()
         current = None if row is None else int(row[0])
-        if current is not None and current > run_id:
-            raise Superseded(current)
         if base_run is not None and current != base_run:
             raise BaseMoved(f"run {run_id} was computed against run {base_run}, but the "
                             f"published run of {trade_date} is now {current}: not "
                             "publishing it; re-close the date again")
+        if current is not None and current > run_id:
+            raise Superseded(current)
         for table in RESULT_TABLES:
             conn.execute(q("eod", f"delete_{table}"), params)
             conn.execute(q("eod", f"publish_{table}"), params)
