@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,15 +126,17 @@ class Isolated:
     name: str
 
 
-@pytest.fixture
-def isolated(services: Settings) -> Iterator[Isolated]:
+@contextmanager
+def namespace(services: Settings, name: str,
+              extra: dict[str, str] | None = None) -> Iterator[Isolated]:
+    """A private topic and databases named ``name`` on the shared services, this process's
+    environment pointing at them (with ``extra``) while the block runs; dropped after."""
     from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
 
-    name = f"t{uuid.uuid4().hex[:10]}"
     # Its own reports directory too: run ids restart at 1 in every namespace, so two tests
     # running at once would otherwise write the same report file.
     env = {**namespace_env(services, name),
-           "SETTLE_REPORTS_DIR": str(services.state_dir / "reports" / name)}
+           "SETTLE_REPORTS_DIR": str(services.state_dir / "reports" / name), **(extra or {})}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     settings = load_settings()
@@ -150,6 +153,12 @@ def isolated(services: Settings) -> Iterator[Isolated]:
             drop_namespace(settings)  # keep the shared services lean across the suite
         except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
             pass
+
+
+@pytest.fixture
+def isolated(services: Settings) -> Iterator[Isolated]:
+    with namespace(services, f"t{uuid.uuid4().hex[:10]}") as ns:
+        yield ns
 
 
 @pytest.fixture(scope="session")

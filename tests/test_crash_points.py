@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from settlement.config import Settings, load_settings
+from settlement.config import Settings
 from settlement.crashpoints import POINTS
 from settlement.db import connect
 from settlement.simulator.gateway import SimulationSpec, simulate
+from tests.conftest import namespace
 from tests.helpers import (
     ROOT,
     SETTLE,
@@ -47,7 +48,7 @@ LEASE = 10.0  # the campaign's lease: a frozen close is taken over within second
 @dataclass(frozen=True)
 class Scenario:
     point: str
-    action: str  # kill | pause
+    action: str  # kill | pause | end-session (paused, its database sessions ended, woken)
     again_at: str  # where the date is closed again: "a" (the same site, a retry) or "b"
     day: str
 
@@ -58,14 +59,18 @@ class Scenario:
 
 _CLOSE_POINTS = [p for p in POINTS if p.startswith(("close.", "publish."))]
 _DAYS = ["2026-10-05", "2026-10-06", "2026-10-07", "2026-10-08", "2026-10-09", "2026-10-13",
-         "2026-10-14", "2026-10-15", "2026-10-16", "2026-10-19", "2026-10-20", "2026-10-21"]
+         "2026-10-14", "2026-10-15", "2026-10-16", "2026-10-19", "2026-10-20", "2026-10-21",
+         "2026-10-22", "2026-10-23"]
 # Every close point killed, closed again alternately at the same site and at the other;
 # then frozen inside the publishing transaction (taken over once the server ends that
-# transaction) and frozen past the lease before publishing (woken, it must not publish).
+# transaction) and frozen past the lease before publishing (woken, it must not publish);
+# then its database sessions ended around the commit (a failover, a cut connection).
 SCENARIOS = [Scenario(p, "kill", "a" if i % 2 else "b", _DAYS[i])
              for i, p in enumerate(_CLOSE_POINTS)]
 SCENARIOS += [Scenario("publish.before_commit", "pause", "b", _DAYS[len(SCENARIOS)]),
               Scenario("close.staged", "pause", "a", _DAYS[len(SCENARIOS) + 1])]
+SCENARIOS += [Scenario(p, "end-session", "a", _DAYS[len(SCENARIOS) + i])
+              for i, p in enumerate(("publish.before_commit", "publish.after_commit"))]
 SPECS = {s.day: SimulationSpec(s.day, 400, seed=40 + i, dup_rate=0.02, bad_rate=0.005,
                                abort_rate=0.2, txn_size=200)
          for i, s in enumerate(SCENARIOS)}
@@ -84,36 +89,17 @@ def campaign(services: Settings, tmp_path_factory: pytest.TempPathFactory
     date order, then both sites ingesting them all (each until the last day's close)."""
     import uuid
 
-    from settlement.drills.namespace import drop_namespace, namespace_env, reset_namespace
-
-    name = f"c{uuid.uuid4().hex[:10]}"
-    env = {**namespace_env(services, name),
-           "SETTLE_REPORTS_DIR": str(services.state_dir / "reports" / name),
-           "SETTLE_CLOSE_LEASE_SECONDS": str(LEASE)}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    settings = load_settings()
     tmp = tmp_path_factory.mktemp("campaign")
-    try:
-        reset_namespace(settings)
+    with namespace(services, f"c{uuid.uuid4().hex[:10]}",
+                   {"SETTLE_CLOSE_LEASE_SECONDS": str(LEASE)}) as ns:
         for day in sorted(SPECS):
-            simulate(settings, SPECS[day])
+            simulate(ns.settings, SPECS[day])
         last = max(SPECS)
-        sites = [(start_site(s, "separate", {**os.environ}, last, tmp / f"{s}.log"),
-                  tmp / f"{s}.log") for s in ("a", "b")]
+        sites = [(start_site(s, "separate", ns.env, last, tmp / f"{s}.log"), tmp / f"{s}.log")
+                 for s in ("a", "b")]
         for proc, log in sites:
             assert wait_exit(proc, log, timeout=300)["closed"]
-        yield Campaign(settings, {**os.environ})
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        try:
-            drop_namespace(settings)
-        except Exception:  # noqa: BLE001 - cleanup must not mask the test's own outcome
-            pass
+        yield Campaign(ns.settings, ns.env)
 
 
 def _close(env: dict[str, str], day: str, site: str, log: Path,
@@ -188,6 +174,20 @@ def test_a_close_dying_at_any_point_leaves_one_publication(
         again_log = tmp_path / "again.err"
         code, out = _finish(_close(env, sc.day, sc.again_at, again_log), again_log)
         assert code == 0, again_log.read_text()[-3000:]
+    elif sc.action == "end-session":
+        _said(first_log, f"crash point {sc.point}: pause", 300)
+        try:
+            _end_sessions(campaign.settings)
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        code, _ = _finish(first, first_log)
+        # Inside the transaction its commit fails with the session; after it, the day is
+        # published and the close goes on with new sessions.
+        assert (code == 0) == (sc.point == "publish.after_commit"), \
+            first_log.read_text()[-3000:]
+        again_log = tmp_path / "again.err"
+        code, out = _finish(_close(env, sc.day, sc.again_at, again_log), again_log)
+        assert code == 0, again_log.read_text()[-3000:]
     else:
         _said(first_log, f"crash point {sc.point}: pause", 300)
         try:
@@ -207,7 +207,7 @@ def test_a_close_dying_at_any_point_leaves_one_publication(
         # nothing and says so.
         assert code != 0, first_log.read_text()[-3000:]
     run = _assert_one_publication(campaign, sc.day)
-    committed = sc.action == "kill" and sc.point not in (
+    committed = sc.action != "pause" and sc.point not in (
         "close.leased", "close.run_started", "close.staged", "close.validated",
         "publish.before_commit")
     if committed:
@@ -217,6 +217,20 @@ def test_a_close_dying_at_any_point_leaves_one_publication(
         assert len(_day_state(campaign.settings.settlement_dsn, sc.day)["runs"]) == 1
     else:
         assert out["run_id"] == run and out["published"], out
+
+
+def _end_sessions(settings: Settings) -> None:
+    """End every session on the namespace's settlement database (the frozen close's lease
+    session and, inside the transaction, its publishing session: the only ones there), as
+    a failover or a cut link would."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    dbname = conninfo_to_dict(settings.settlement_dsn)["dbname"]
+    with connect(settings.for_component("admin").settlement_dsn, autocommit=True) as admin:
+        ended = admin.execute(
+            "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
+            " where datname = %s and pid <> pg_backend_pid()", (dbname,)).fetchone()
+    assert ended is not None and ended[0] >= 1, ended  # at least its lease session
 
 
 def _answers(path: Path, rows: list[str]) -> Path:
