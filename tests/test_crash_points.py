@@ -166,7 +166,9 @@ def test_a_close_dying_at_any_point_leaves_one_publication(
         campaign: Campaign, sc: Scenario, tmp_path: Path) -> None:
     env = campaign.env
     first_log = tmp_path / "first.err"
-    first = _close(env, sc.day, "a", first_log, f"{sc.point}:{sc.action}")
+    # The process itself only dies or freezes; ending its sessions is done from here.
+    first = _close(env, sc.day, "a", first_log,
+                   f"{sc.point}:{'kill' if sc.action == 'kill' else 'pause'}")
     if sc.action == "kill":
         code, _ = _finish(first, first_log)
         assert code == -signal.SIGKILL, first_log.read_text()[-3000:]
