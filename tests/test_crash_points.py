@@ -48,7 +48,9 @@ LEASE = 10.0  # the campaign's lease: a frozen close is taken over within second
 @dataclass(frozen=True)
 class Scenario:
     point: str
-    action: str  # kill | pause | end-session (paused, its database sessions ended, woken)
+    # kill | pause | end-session (paused, its database sessions ended, woken) | db-restart
+    # (paused, the settlement database restarted, woken)
+    action: str
     again_at: str  # where the date is closed again: "a" (the same site, a retry) or "b"
     day: str
 
@@ -71,9 +73,12 @@ SCENARIOS += [Scenario("publish.before_commit", "pause", "b", _DAYS[len(SCENARIO
               Scenario("close.staged", "pause", "a", _DAYS[len(SCENARIOS) + 1])]
 SCENARIOS += [Scenario(p, "end-session", "a", _DAYS[len(SCENARIOS) + i])
               for i, p in enumerate(("publish.before_commit", "publish.after_commit"))]
+# The settlement database restarted around the commit (exclusive: the server is shared).
+RESTARTS = [Scenario(p, "db-restart", "b", d) for p, d in
+            (("publish.before_commit", "2026-10-26"), ("publish.after_commit", "2026-10-27"))]
 SPECS = {s.day: SimulationSpec(s.day, 400, seed=40 + i, dup_rate=0.02, bad_rate=0.005,
                                abort_rate=0.2, txn_size=200)
-         for i, s in enumerate(SCENARIOS)}
+         for i, s in enumerate(SCENARIOS + RESTARTS)}
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,26 @@ def _said(log: Path, line: str, timeout: float) -> None:
 @pytest.mark.parametrize("sc", SCENARIOS, ids=[s.id for s in SCENARIOS])
 def test_a_close_dying_at_any_point_leaves_one_publication(
         campaign: Campaign, sc: Scenario, tmp_path: Path) -> None:
+    _scenario(campaign, sc, tmp_path)
+
+
+@pytest.mark.exclusive  # restarts the PostgreSQL server every test shares
+@pytest.mark.parametrize("sc", RESTARTS, ids=[s.id for s in RESTARTS])
+def test_a_settlement_database_restart_around_the_commit_leaves_one_publication(
+        campaign: Campaign, sc: Scenario, tmp_path: Path) -> None:
+    _scenario(campaign, sc, tmp_path)
+
+
+def _restart(settings: Settings) -> None:
+    from settlement.services.postgres import EmbeddedPostgres
+
+    pg = EmbeddedPostgres(settings)
+    pg.stop("immediate")
+    time.sleep(1.0)
+    pg.start()
+
+
+def _scenario(campaign: Campaign, sc: Scenario, tmp_path: Path) -> None:
     env = campaign.env
     first_log = tmp_path / "first.err"
     # The process itself only dies or freezes; ending its sessions is done from here.
@@ -176,10 +201,13 @@ def test_a_close_dying_at_any_point_leaves_one_publication(
         again_log = tmp_path / "again.err"
         code, out = _finish(_close(env, sc.day, sc.again_at, again_log), again_log)
         assert code == 0, again_log.read_text()[-3000:]
-    elif sc.action == "end-session":
+    elif sc.action in ("end-session", "db-restart"):
         _said(first_log, f"crash point {sc.point}: pause", 300)
         try:
-            _end_sessions(campaign.settings)
+            if sc.action == "end-session":
+                _end_sessions(campaign.settings)
+            else:
+                _restart(campaign.settings)
         finally:
             os.kill(first.pid, signal.SIGCONT)
         code, _ = _finish(first, first_log)
