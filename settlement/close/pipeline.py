@@ -757,15 +757,21 @@ def finish_published(settings: Settings, trade_date: str, run_id: int,
     out: dict[str, Any] = {}
     try:
         out["instructions"] = write_files(settings, trade_date)
-    except InstructionsError as e:
-        out["instructions_error"] = str(e)
+    except (InstructionsError, OSError) as e:  # the publication stands without its files
+        out["instructions_error"] = redact(str(e))
+        say(f"{trade_date}: run {run_id}'s instruction files were not written: "
+            f"{out['instructions_error']}")
     report = stored_report(settings, run_id)
     if report is not None and report.run_id == run_id:
         files = report.files
-        if not (files.html.exists() and files.json.exists()):
-            render_report(settings, report)
-            say(f"{trade_date}: wrote run {run_id}'s audit report from its committed facts "
-                f"({files.html})")
+        try:
+            if not (files.html.exists() and files.json.exists()):
+                render_report(settings, report)
+                say(f"{trade_date}: wrote run {run_id}'s audit report from its committed "
+                    f"facts ({files.html})")
+        except OSError as e:  # another site's path this host cannot write: the row stands
+            out["report_error"] = redact(f"the audit report's files were not written: {e}")
+            say(f"{trade_date}: {out['report_error']}")
         out.update({"report_path": str(files.html), "report_json": str(files.json)})
     return out
 
