@@ -282,6 +282,7 @@ def test_the_answer_import_killed_around_its_commit(campaign: Campaign, tmp_path
     quantity>`` are one answer; ``settled,0`` and non-ASCII digits are refused clearly."""
     s, env = campaign.settings, campaign.env
     day = SCENARIOS[0].day
+    settle(["eod", "--date", day, "--only-if-unsettled"], env)  # settled already in a full run
     with connect(s.settlement_dsn) as conn:
         lines = conn.execute(
             "select i.instruction_id, i.quantity from settlement_instructions i"
@@ -321,6 +322,7 @@ def test_instructions_rewritten_after_a_kill_are_the_committed_set(
     same set (the ids its publication committed), never a new one."""
     s, env = campaign.settings, campaign.env
     day = SCENARIOS[1].day
+    settle(["eod", "--date", day, "--only-if-unsettled"], env)  # settled already in a full run
     before = _day_state(s.settlement_dsn, day)["sets"]
     res = subprocess.run([*SETTLE, "instructions", "--date", day, "--json"], cwd=ROOT,
                          env={**env, "SETTLE_CRASH_AT": "instructions.files:kill"},

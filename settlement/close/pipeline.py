@@ -404,8 +404,8 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             say(f"run {run} of {trade_date} was left running by a close that stopped: "
                 "recorded abandoned; this close takes over")
         published_now = published_run(settings, trade_date)
-        if published_now is not None:
-            refuse_unprovable(settings, trade_date, published_now)
+        markers = (None if published_now is None
+                   else refuse_unprovable(settings, trade_date, published_now))
         pending = None
         if reclose:
             held = held_reclose(settings, trade_date)
@@ -429,7 +429,8 @@ def run_eod(settings: Settings, trade_date: str, source: str = "auto",
             say(f"{trade_date}: re-closing with {pending[0].amendments} post-close "
                 f"amendment(s) since {pending[0].since} (published run "
                 f"{pending[0].published_run}, version {pending[0].version})")
-        done = settled_by(settings, trade_date, say) if only_if_unsettled else None
+        done = (settled_by(settings, trade_date, say, markers) if only_if_unsettled
+                else None)
         if done is not None:
             say(f"{trade_date}: already settled by run {done} (published after the day's "
                 "close markers): nothing to do; rerun to settle it again")
@@ -458,17 +459,19 @@ class LedgersUnreachable(SettlementError):
     """A published date whose ledgers cannot all be asked whether the day changed."""
 
 
-def refuse_unprovable(settings: Settings, trade_date: str, published: int) -> None:
+def refuse_unprovable(settings: Settings, trade_date: str, published: int) -> dict[int, int]:
     """A published date is settled again only if every ledger can be asked for the day's
     close markers: an unreachable ledger may hold a marker nobody has seen, but it may as
     well hold nothing new, and settling again would then send the same day twice (a new
-    version, a new instruction set). Raises ``LedgersUnreachable``: the day stands."""
+    version, a new instruction set). Raises ``LedgersUnreachable``: the day stands.
+    Returns the close markers' offsets it asked for (``settled_by`` compares them)."""
     seen = marker_offsets(settings, trade_date)
     if isinstance(seen, str):
         raise LedgersUnreachable(
             f"{trade_date} is published (run {published}) and {seen}: not settling it "
             "again, which could publish it twice; the published day stands. Close it again "
             "once every ledger answers (`settle status` shows them)")
+    return seen
 
 
 def held_reclose(settings: Settings, trade_date: str) -> int | None:

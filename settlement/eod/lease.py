@@ -405,17 +405,19 @@ def marker_offsets(settings: Settings, trade_date: str) -> dict[int, int] | str:
 
 
 def settled_by(settings: Settings, trade_date: str,
-               say: Callable[[str], None] | None = None) -> int | None:
+               say: Callable[[str], None] | None = None,
+               markers: dict[int, int] | str | None = None) -> int | None:
     """The run that already settled the date: published, passed validation, and chosen when
     the ledgers held every close marker they hold now (a new or amended marker, a later
     offset, means the day changed). Offsets, not clocks: the ledgers' and the settlement
-    database's clocks are two servers'. None: the date needs a close."""
+    database's clocks are two servers'. None: the date needs a close. ``markers``: what
+    ``marker_offsets`` already answered for this close (the ledgers are asked once)."""
     with psycopg.connect(settings.settlement_dsn, connect_timeout=10) as conn:
         row = conn.execute(q("lease", "settled_by"), {"trade_date": trade_date}).fetchone()
     if row is None:
         return None
     run_id, seen = int(row[0]), row[1]
-    now = marker_offsets(settings, trade_date)
+    now = marker_offsets(settings, trade_date) if markers is None else markers
     note = say or (lambda _line: None)
     if isinstance(now, str):
         note(f"{trade_date}: cannot tell whether run {run_id} saw every close marker: {now}; "
