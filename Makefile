@@ -14,7 +14,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
-.PHONY: help setup browser promtool env jars up down status migrate test test-quick test-down lint demo \
+.PHONY: help setup browser promtool iptables env jars up down status migrate test test-quick test-down lint demo \
 	airflow bench classifier clean stack-up stack-drill stack-soak stack-down stack-logs
 
 help:
@@ -39,6 +39,14 @@ promtool:
 	  echo "installing Debian's prometheus for promtool..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends prometheus >/dev/null; }
+
+# iptables (Debian's package) drops packets on a loopback port of a test's own: a peer gone
+# silent (tests/test_failure_detection.py fails without it).
+iptables:
+	@command -v iptables >/dev/null || { \
+	  echo "installing Debian's iptables for the failure-detection tests..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends iptables >/dev/null; }
 
 $(CURDIR)/.tools/bin/uv:
 	python3 -m venv .tools
@@ -103,7 +111,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(TEST_ENV) $(PY) -m pytest --durations=15 --durations-min=5
 # Each phase's results, for the summary of every phase's failures printed last.
 JUNIT := .state/test/junit
-test: setup browser promtool
+test: setup browser promtool iptables
 	@$(TEST_ENV) $(SETTLE) services up --json >/dev/null
 	@$(TEST_ENV) $(SETTLE) db migrate --json >/dev/null
 	@rc=0; rm -f $(JUNIT)-*.xml; \

@@ -43,7 +43,7 @@ from consumers.parse import (
     marker_conflict_reason,
 )
 from settlement.contract import STAGE_COLUMNS
-from settlement.db import q
+from settlement.db import open_connection, q
 
 log = logging.getLogger("settle.ledger")
 
@@ -193,7 +193,7 @@ class Ledger:
 
     def connect(self) -> None:
         self.close()
-        conn = psycopg.connect(self.dsn, connect_timeout=5, autocommit=False,
+        conn = open_connection(self.dsn, autocommit=False,
                                application_name=f"settle-site-{self.site}-{self.role}")
         # Every wait is bounded, so a site frozen inside a batch (SIGSTOP, a GC pause, a hung
         # VM) cannot stall its successor: the server ends a session idle inside a transaction

@@ -598,6 +598,13 @@ class Settings(BaseSettings):
         conf: dict[str, str] = {
             "bootstrap.servers": self.bootstrap(),
             "security.protocol": self.kafka_protocol,
+            # Failure detection (docs/operations.md): a broker that does not complete a
+            # connection within 5 s, or answer a request within 10 s, is given up and another
+            # asked (librdkafka's defaults: 30 s and 60 s); keepalives find a silent peer under
+            # an idle connection.
+            "socket.connection.setup.timeout.ms": "5000",
+            "socket.timeout.ms": "10000",
+            "socket.keepalive.enable": "true",
         }
         if self.kafka_protocol.startswith("SASL"):
             user, password = self.sasl_login()

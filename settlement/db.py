@@ -24,9 +24,42 @@ _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _LOCK_KEY = 7_201_301
 
 
-def connect(dsn: str, *, autocommit: bool = False, timeout: int = 10) -> psycopg.Connection:
+# How long any connection this code opens waits on a server that has gone silent (a site
+# lost or cut off drops packets; it does not refuse them). libpq's own parameters, applied
+# by open_connection unless the DSN sets them itself (docs/operations.md, "Failure detection"):
+# - connect_timeout, per host of a multi-host DSN: a silent member costs 3 s before the next
+#   is tried (libpq's default waits for the operating system, about two minutes);
+# - keepalives: an idle session to a vanished server is found dead in 5 + 2 x 3 = 11 s;
+# - tcp_user_timeout: a request the server has not acknowledged within 10 s ends the
+#   session (TCP's own retransmissions would wait about 15 minutes).
+# A slow but answering server is not cut short: these act on the network, not on queries.
+LIBPQ_TIMEOUTS: dict[str, int] = {
+    "connect_timeout": 3, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+    "keepalives_count": 3, "tcp_user_timeout": 10_000}
+
+
+def timeout_params(dsn: str, timeout: int | None = None) -> dict[str, Any]:
+    """The failure-detection parameters ``dsn`` does not set itself (``timeout``: another
+    connect_timeout, e.g. a quick probe's)."""
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    params: dict[str, Any] = {k: v for k, v in LIBPQ_TIMEOUTS.items() if k not in given}
+    if timeout is not None:
+        params["connect_timeout"] = timeout
+    return params
+
+
+def open_connection(dsn: str, *, autocommit: bool = False, timeout: int | None = None,
+                    **kwargs: Any) -> psycopg.Connection:
+    """psycopg.connect with the failure-detection parameters; psycopg's errors pass through
+    (for callers that tell an unreachable server from other failures)."""
+    return psycopg.connect(dsn, autocommit=autocommit, **timeout_params(dsn, timeout),
+                           **kwargs)
+
+
+def connect(dsn: str, *, autocommit: bool = False, timeout: int | None = None,
+            **kwargs: Any) -> psycopg.Connection:
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=timeout)
+        return open_connection(dsn, autocommit=autocommit, timeout=timeout, **kwargs)
     except psycopg.OperationalError as e:
         raise DatabaseError(f"cannot connect to {redact(dsn)}: {str(e).strip()}") from None
 
@@ -161,7 +194,7 @@ def ensure_database(dsn: str) -> bool:
     if not dbname:
         return False
     try:
-        psycopg.connect(dsn, connect_timeout=10).close()
+        open_connection(dsn).close()
         return False
     except psycopg.OperationalError as e:
         if "does not exist" not in str(e):

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from settlement.config import LEDGERS, Settings
-from settlement.db import q
+from settlement.db import open_connection, q
 from settlement.errors import START_SERVICES, redact
 
 BEGINNING = -1  # a stored next_offset meaning "from the start of the partition"
@@ -177,8 +177,7 @@ def namespace_exists(settings: Settings, prefix: str) -> bool:
     from settlement.db import with_dbname
 
     try:
-        with psycopg.connect(with_dbname(settings.settlement_dsn, "postgres"),
-                             connect_timeout=5) as conn:
+        with open_connection(with_dbname(settings.settlement_dsn, "postgres")) as conn:
             row = conn.execute("select exists (select 1 from pg_database where datname = %s)",
                                (f"{prefix}settlement",)).fetchone()
     except psycopg.Error:
@@ -189,7 +188,7 @@ def namespace_exists(settings: Settings, prefix: str) -> bool:
 def ledger_status(settings: Settings, name: str, high: dict[int, int]) -> dict[str, Any] | None:
     """One ledger's view; None if no site ever wrote to it (e.g. the shared ledger in the
     separate scheme)."""
-    with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+    with open_connection(settings.ledger_dsn(name)) as conn:
         beats = conn.execute(q("status", "last_heartbeats")).fetchall()
         offsets = conn.execute(q("status", "stored_offsets"), {"topic": settings.topic}
                                ).fetchall()
@@ -265,7 +264,7 @@ def probe_lag_seconds(settings: Settings, ledgers: dict[str, Any], timeout: floa
 def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
     """The last run of each of the newest ``days`` dates."""
     try:
-        with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+        with open_connection(settings.settlement_dsn) as conn:
             rows = conn.execute(q("status", "last_runs"), {"days": days}).fetchall()
             closes = [{"trade_date": d.isoformat(), "run_id": run, "holder": holder,
                        "since": since.isoformat(timespec="seconds"), "lease_expired": expired,
@@ -323,7 +322,7 @@ def awaiting_reclose(settings: Settings, trade_date: str | None = None
     found: dict[tuple[str, int, int], tuple[dt.datetime, int]] = {}
     for name in LEDGERS:
         try:
-            with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+            with open_connection(settings.ledger_dsn(name)) as conn:
                 rows = conn.execute(q("status", "amended_closes"), params).fetchall()
         except psycopg.Error:
             continue  # unreachable or not this deployment's ledger: the others answer
@@ -333,7 +332,7 @@ def awaiting_reclose(settings: Settings, trade_date: str | None = None
             found[key] = (at, int(n)) if seen is None else (min(at, seen[0]), max(int(n), seen[1]))
     if not found:
         return []
-    with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+    with open_connection(settings.settlement_dsn) as conn:
         published = {d.isoformat(): (int(run), version, settled or {})
                      for d, run, version, settled
                      in conn.execute(q("status", "published_amended_closes"), params)}

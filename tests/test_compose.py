@@ -815,8 +815,12 @@ def test_only_the_one_shot_setup_logs_in_as_the_postgres_admin() -> None:
 def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> None:
     # A failover moves the primary to the other site: a client that named one server, or
     # took whichever answered first, would write nowhere or to a read-only standby.
-    both = ("@${PG_ADDRESS:-postgres-a:5432,postgres-b:5432}/",  # libpq's host list
-            "@/", "host=${PG_HOSTS:-postgres-a,postgres-b}&port=${PG_PORTS:-5432,5432}")
+    # Each site lists its own member first: a silent other site costs a connect_timeout
+    # per new connection otherwise.
+    views = {"a": ("@${PG_ADDRESS:-postgres-a:5432,postgres-b:5432}/",  # libpq's host list
+                   "@/", "host=${PG_HOSTS:-postgres-a,postgres-b}&port=${PG_PORTS:-5432,5432}"),
+             "b": ("@${PG_ADDRESS_B:-postgres-b:5432,postgres-a:5432}/", "@/",
+                   "host=${PG_HOSTS_B:-postgres-b,postgres-a}&port=${PG_PORTS_B:-5432,5432}")}
     found = 0
     for name, svc in SERVICES.items():
         for var, value in _env(svc).items():
@@ -838,6 +842,7 @@ def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> 
                 assert text.endswith("sslmode=verify-full&sslrootcert=/certs/ca.crt"), (name, var)
                 continue
             found += 1
+            both = views["b" if name.endswith("-b") else "a"]
             assert both[0] in text or (both[1] in text and both[2] in text), (name, var)
             assert text.endswith("&target_session_attrs=read-write"), (name, var)
             assert "sslmode=verify-full&sslrootcert=/certs/ca.crt" in text, (name, var)

@@ -240,7 +240,10 @@ def test_a_dsn_naming_both_cluster_members_reaches_spark_whole() -> None:
     assert split_password(one, "/p")[1] == "127.0.0.1:25432:x:u:pw"
     assert jdbc_options(one) == ("jdbc:postgresql://127.0.0.1:25432/x",
                                  {"user": "u", "driver": "org.postgresql.Driver",
-                                  "password": "pw"})
+                                  "password": "pw", "connectTimeout": "3",
+                                  "tcpKeepAlive": "true"})
+    # A silent member costs the DSN's connect_timeout when it names one.
+    assert jdbc_options(one + "?connect_timeout=7")[1]["connectTimeout"] == "7"
     with pytest.raises(ValueError, match="2 hosts but 3 ports"):
         jdbc_options("postgresql://u:pw@/x?host=a,b&port=1,2,3")
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from settlement.config import ConfigError, Settings, check_date
+from settlement.db import open_connection
 from settlement.errors import START_SERVICES, ServiceError, redact
 
 Handler = Callable[[argparse.Namespace, Settings], dict[str, Any]]
@@ -132,7 +133,7 @@ def require_services(s: Settings, kafka: bool = True, postgres: bool = True,
         import psycopg
 
         try:
-            psycopg.connect(s.settlement_dsn, connect_timeout=int(timeout)).close()
+            open_connection(s.settlement_dsn, timeout=int(timeout)).close()
         except psycopg.OperationalError as e:
             raise ServiceError(f"PostgreSQL is not reachable at {redact(s.settlement_dsn)} "
                                f"({str(e).strip().splitlines()[0][:200]}): "

@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from settlement.config import Settings
+from settlement.db import open_connection
 from settlement.drills.runner import spawn_settle, wait
 
 
@@ -63,7 +62,7 @@ def kill_a_close(settings: Settings, env: dict[str, str], trade_date: str, logs:
                            log_a)
 
     def holding() -> int | None:
-        with psycopg.connect(dsn) as conn:
+        with open_connection(dsn) as conn:
             row = conn.execute("select run_id from close_leases where trade_date = %s"
                                " and released_at is null and holder like '%% site a'",
                                (trade_date,)).fetchone()
@@ -81,7 +80,7 @@ def kill_a_close(settings: Settings, env: dict[str, str], trade_date: str, logs:
     close_a.wait(timeout=30)
     say(f"site A's close (run {run_a}) killed; site B's close takes over")
     out_b = wait(close_b, "site B's close", log_b, 900)
-    with psycopg.connect(dsn) as conn:
+    with open_connection(dsn) as conn:
         runs = {r: (status, started_at, published) for r, status, started_at, published
                 in conn.execute("select run_id, status, started_at, published_at is not null"
                                 " from settlement_runs where trade_date = %s", (trade_date,))}

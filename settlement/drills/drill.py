@@ -42,7 +42,7 @@ from typing import Any
 import psycopg
 
 from settlement.config import Settings, load_settings
-from settlement.db import q
+from settlement.db import open_connection, q
 from settlement.drills.checker import (
     Progress,
     check_ledger,
@@ -139,7 +139,7 @@ def _rto(settings: Settings, spec: DrillSpec, fault_at: dt.datetime
     if spec.scheme == "separate" and spec.fault in ("kill", "pause"):
         return 0.0, "separate scheme: site B consumes every partition all day (RTO 0 by design)"
     dsn = settings.ledger_dsn(_ledgers(spec)[-1])
-    with psycopg.connect(dsn) as conn:
+    with open_connection(dsn) as conn:
         if spec.fault in ("kill", "pause"):
             parts = _partitions_of(conn, "a", fault_at)
             row = conn.execute(q("drill", "first_takeover"), {
@@ -192,7 +192,7 @@ def _freeze_in_batch(dsn: str, site_a: Any, timeout: float = 10.0) -> tuple[dt.d
     the signal is let go (SIGCONT) and the next one is caught."""
     query, app = q("drill", "writer_in_transaction"), {"application_name": "settle-site-a-writer"}
     deadline = time.monotonic() + timeout
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with open_connection(dsn, autocommit=True) as conn:
         def inside() -> bool:
             return conn.execute(query, app).fetchone() is not None
 
@@ -298,7 +298,7 @@ def run_drill(spec: DrillSpec, base: Settings | None = None, keep: bool = False,
     examples: dict[str, Any] = {}
     for ledger in _ledgers(spec):
         res = check_ledger(settings.ledger_dsn(ledger), day, settings.topic)
-        with psycopg.connect(settings.ledger_dsn(ledger)) as conn:
+        with open_connection(settings.ledger_dsn(ledger)) as conn:
             nonmono += _nonmonotonic(conn, spec.trade_date)
         # A bust or correction neither stored nor dead-lettered is lost like a trade.
         lost += len(res.lost) + len(res.lost_amendments)

@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from settlement.config import LEDGERS, Settings
-from settlement.db import with_dbname
+from settlement.db import open_connection, with_dbname
 
 
 def namespace_env(base: Settings, prefix: str) -> dict[str, str]:
@@ -61,7 +61,7 @@ def delete_topic(settings: Settings, topic: str) -> None:
 
 def drop_databases(admin_dsn: str, names: Iterable[str]) -> None:
     """Drop these databases (connections to them ended first), through ``admin_dsn``'s server."""
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+    with open_connection(admin_dsn, autocommit=True) as conn:
         for db in names:
             conn.execute(sql.SQL("drop database if exists {} with (force)").format(
                 sql.Identifier(db)))

@@ -39,7 +39,7 @@ from typing import Any
 import psycopg
 
 from settlement.config import LEDGERS, Settings
-from settlement.db import q
+from settlement.db import open_connection, q
 from settlement.errors import redact
 
 POLL_SECONDS = 0.5
@@ -236,8 +236,7 @@ def _lease_row(conn: psycopg.Connection, trade_date: str) -> Holder | None:
 
 
 def _lease_connection(dsn: str, trade_date: str, ttl: float) -> psycopg.Connection:
-    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10,
-                           application_name=f"settle-close {trade_date}")
+    conn = open_connection(dsn, autocommit=True, application_name=f"settle-close {trade_date}")
     # The server notices a vanished host within about a lease (TCP logins; a Unix socket
     # ignores these): then the lock is freed without waiting for an expiry.
     idle = max(1, int(ttl / 3))
@@ -394,7 +393,7 @@ def marker_offsets(settings: Settings, trade_date: str) -> dict[int, int] | str:
     newest: dict[int, int] = {}
     for ledger in LEDGERS:
         try:
-            with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
+            with open_connection(settings.ledger_dsn(ledger)) as conn:
                 rows = conn.execute(q("eod", "marker_offsets"),
                                     {"trade_date": trade_date}).fetchall()
         except psycopg.Error as e:
@@ -412,7 +411,7 @@ def settled_by(settings: Settings, trade_date: str,
     offset, means the day changed). Offsets, not clocks: the ledgers' and the settlement
     database's clocks are two servers'. None: the date needs a close. ``markers``: what
     ``marker_offsets`` already answered for this close (the ledgers are asked once)."""
-    with psycopg.connect(settings.settlement_dsn, connect_timeout=10) as conn:
+    with open_connection(settings.settlement_dsn) as conn:
         row = conn.execute(q("lease", "settled_by"), {"trade_date": trade_date}).fetchone()
     if row is None:
         return None

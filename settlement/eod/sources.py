@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 
 from settlement.config import LEDGERS, Settings
-from settlement.db import q, redact
+from settlement.db import open_connection, q, redact
 from settlement.eod.kafka_day import NotLocated, locate_day
 from settlement.eod.model import (
     DataLoss,
@@ -32,7 +32,7 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
     """None when the ledger cannot be reached (it is then not a candidate)."""
     params = {"trade_date": trade_date}
     try:
-        with psycopg.connect(settings.ledger_dsn(ledger), connect_timeout=5) as conn:
+        with open_connection(settings.ledger_dsn(ledger)) as conn:
             markers = {int(p): MarkerAt(int(last), int(off), int(k), int(closed))
                        for p, last, off, k, closed
                        in conn.execute(q("eod", "close_markers"), params)}
@@ -119,7 +119,7 @@ def topic_view(settings: Settings, timeout: float) -> TopicView:
 def recorded_partitions(settings: Settings, trade_date: str) -> tuple[int, int, str] | None:
     """The topic's partition count as Kafka last reported it to a run of this date or an
     earlier one: (count, run_id, trade_date), or None when no run has recorded it."""
-    with psycopg.connect(settings.settlement_dsn, connect_timeout=5) as conn:
+    with open_connection(settings.settlement_dsn) as conn:
         row = conn.execute(q("eod", "recorded_partitions"),
                            {"trade_date": trade_date}).fetchone()
     return None if row is None else (int(row[0]), int(row[1]), row[2].isoformat())

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from settlement.config import LEDGERS, Settings
-from settlement.db import q
+from settlement.db import open_connection, q
 from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.validation.run import ValidationOutcome
 
@@ -34,7 +34,7 @@ def ledger_facts(settings: Settings, trade_date: str) -> dict[str, Any]:
            "partitions": settings.partitions}
     for name in LEDGERS:
         try:
-            with psycopg.connect(settings.ledger_dsn(name), connect_timeout=5) as conn:
+            with open_connection(settings.ledger_dsn(name)) as conn:
                 facts = day_facts(conn, day)
         except psycopg.Error:
             continue

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from settlement.config import Settings, jaas_login
 from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
-from settlement.db import dsn_password
+from settlement.db import LIBPQ_TIMEOUTS, dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
@@ -59,6 +59,12 @@ def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
     password = dsn_password(dsn)  # the DSN's own, or its pgpass file's (embedded server)
     if password:
         props["password"] = password
+    # Failure detection as for every libpq connection (settlement.db.LIBPQ_TIMEOUTS): a
+    # silent member costs connectTimeout before the next is tried; keepalives find a
+    # vanished server under an idle read. (pgjdbc has no tcp_user_timeout.)
+    props["connectTimeout"] = str(info.get("connect_timeout")
+                                  or LIBPQ_TIMEOUTS["connect_timeout"])
+    props["tcpKeepAlive"] = "true"
     # TLS as libpq was told (the deployment's verify-full against its CA): pgjdbc takes the
     # same names and the same PEM files.
     for key in ("sslmode", "sslrootcert", "sslcert", "sslkey"):

@@ -128,6 +128,10 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         "PG_ADDRESS": ",".join(f"127.0.0.1:{p}" for p in PG_PORTS),
         "PG_HOSTS": ",".join("127.0.0.1" for _ in PG_PORTS),
         "PG_PORTS": ",".join(str(p) for p in PG_PORTS),
+        # Site B's view: the same members, its own first (a silent site A costs it nothing).
+        "PG_ADDRESS_B": ",".join(f"127.0.0.1:{p}" for p in reversed(PG_PORTS)),
+        "PG_HOSTS_B": ",".join("127.0.0.1" for _ in PG_PORTS),
+        "PG_PORTS_B": ",".join(str(p) for p in reversed(PG_PORTS)),
         # Each member alone (its exporter watches that server, whichever role it has).
         "PG_A_ADDRESS": f"127.0.0.1:{PG_PORTS[0]}",
         "PG_B_ADDRESS": f"127.0.0.1:{PG_PORTS[1]}",

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from settlement.db import open_connection
 from settlement.errors import ServiceError
 from settlement.stack import envfile
 from settlement.stack.compose import PROJECT_FILTER, Stack
@@ -141,7 +142,7 @@ def make_primary(stack: Stack, site: str, log: Log, timeout: float = 180) -> str
 def in_recovery(dsn: str) -> bool | None:
     """Whether the server behind ``dsn`` (one host) is a standby; None if it cannot be asked."""
     try:
-        with psycopg.connect(dsn, connect_timeout=3, autocommit=True) as conn:
+        with open_connection(dsn, timeout=3, autocommit=True) as conn:
             row = conn.execute("select pg_is_in_recovery()").fetchone()
     except psycopg.Error:
         return None
@@ -169,7 +170,7 @@ class WriteProbe:
     def _run(self) -> None:
         while True:
             try:
-                with psycopg.connect(self.dsn, connect_timeout=2, autocommit=True) as conn:
+                with open_connection(self.dsn, timeout=2, autocommit=True) as conn:
                     conn.execute("select txid_current()")
                 self.seconds = round(time.time() - self._t0, 1)
                 return
