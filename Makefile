@@ -22,7 +22,7 @@ help:
 	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make up | down | status | migrate | lint | bench | clean"
-	@echo "make stack-up | stack-drill [FAULT=site-loss|site-freeze SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
+	@echo "make stack-up | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
 setup: env jars classifier
 
@@ -147,7 +147,9 @@ TRADES ?= 20000
 stack-up: setup
 	$(SETTLE) stack up --json
 # FAULT=site-loss|site-freeze SITE=a|b: a whole site lost (SIGKILL, then started again) or
-# frozen (docker pause past the leases); without FAULT, site-a's consumer is killed.
+# frozen (docker pause past the leases); FAULT=site-partition|standby-partition SITE=a|b: the
+# primary's or the standby's site cut off alive (packets dropped), then healed;
+# FAULT=witness-partition: the witness cut off. Without FAULT, site-a's consumer is killed.
 stack-drill: setup
 	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) $(if $(FAULT),--fault $(FAULT) --site $(or $(SITE),a)) --json
 DAYS ?= 3

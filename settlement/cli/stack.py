@@ -22,12 +22,17 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
-    sp.add_argument("--fault", choices=["site-loss", "site-freeze"], default=None,
+    sp.add_argument("--fault", choices=["site-loss", "site-freeze", "site-partition",
+                                        "standby-partition", "witness-partition"],
+                    default=None,
                     help="drill: lose a whole site (every container SIGKILLed, then started "
-                         "again) or freeze it (docker pause past the leases); without it, "
-                         "site-a's consumer is killed")
+                         "again), freeze it (docker pause past the leases), cut it off alive "
+                         "(site-partition: the primary's site; standby-partition: the "
+                         "standby's; witness-partition: the witness; packets dropped, then "
+                         "healed); without it, site-a's consumer is killed")
     sp.add_argument("--site", choices=["a", "b"], default="a",
-                    help="drill with --fault: the site lost or frozen")
+                    help="drill with --fault: the site lost, frozen or cut off (for "
+                         "witness-partition: the site holding the primary)")
     sp.add_argument("--days", type=int, default=3, help="soak: trading days")
     sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
                     help="soak: minutes between two closes")
@@ -55,6 +60,9 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     if args.action == "up":
         return compose.up(root, log, cron=args.cron)
     if args.action == "down":
+        from settlement.stack.netcut import heal
+
+        heal(log)  # a drill that died mid-cut leaves no dropped packets behind
         return compose.down(root, log)
     stack = compose.open_stack(root, log)
     if args.action == "soak":
@@ -65,7 +73,12 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         if not args.date:
             raise ConfigError("settle stack drill: --date YYYY-MM-DD is required (make "
                               "stack-drill DATE=2026-03-02 TRADES=20000)")
-        if args.fault:
+        if args.fault and args.fault.endswith("-partition"):
+            from settlement.stack.partition_drill import run_partition_drill
+
+            result = run_partition_drill(stack, args.fault, args.site, args.date, args.trades,
+                                         log, seed=args.seed)
+        elif args.fault:
             from settlement.stack.site_drill import run_site_drill
 
             result = run_site_drill(stack, args.fault, args.site, args.date, args.trades, log,
