@@ -148,10 +148,11 @@ stack-up: setup
 	$(SETTLE) stack up --json
 # FAULT=site-loss|site-freeze SITE=a|b: a whole site lost (SIGKILL, then started again) or
 # frozen (docker pause past the leases); FAULT=site-partition|standby-partition SITE=a|b: the
-# primary's or the standby's site cut off alive (packets dropped), then healed;
+# primary's or the standby's site cut off alive (packets dropped), then healed (AT=ingest|close:
+# mid-day, or while the site's own close holds the date);
 # FAULT=witness-partition: the witness cut off. Without FAULT, site-a's consumer is killed.
 stack-drill: setup
-	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) $(if $(FAULT),--fault $(FAULT) --site $(or $(SITE),a)) --json
+	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) $(if $(FAULT),--fault $(FAULT) --site $(or $(SITE),a)) $(if $(AT),--at $(AT)) --json
 DAYS ?= 3
 MINUTES ?= 4
 stack-soak: setup

@@ -33,6 +33,9 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--site", choices=["a", "b"], default="a",
                     help="drill with --fault: the site lost, frozen or cut off (for "
                          "witness-partition: the site holding the primary)")
+    sp.add_argument("--at", choices=["ingest", "close"], default="ingest",
+                    help="drill with --fault site-partition: cut the site off mid-day, or "
+                         "while its own close holds the date")
     sp.add_argument("--days", type=int, default=3, help="soak: trading days")
     sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
                     help="soak: minutes between two closes")
@@ -77,7 +80,7 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             from settlement.stack.partition_drill import run_partition_drill
 
             result = run_partition_drill(stack, args.fault, args.site, args.date, args.trades,
-                                         log, seed=args.seed)
+                                         log, seed=args.seed, at=args.at)
         elif args.fault:
             from settlement.stack.site_drill import run_site_drill
 

@@ -27,6 +27,7 @@ import psycopg
 
 from settlement.db import open_connection
 from settlement.drills.checker import wait_for_share
+from settlement.errors import ServiceError
 from settlement.stack import netcut, sites
 from settlement.stack.compose import Stack
 from settlement.stack.drill import stack_settings
@@ -38,6 +39,7 @@ from settlement.stack.site_drill import (
     ingest_gap,
     judge,
     start_trading,
+    wait_holder,
     wait_run,
 )
 
@@ -131,9 +133,28 @@ def wait_refusing_writes(dsn: str, t0: float, timeout: float) -> float | None:
     return None
 
 
+def standby_cut(stack: Stack, standby: str, primary: str, log: Log,
+                cut_s: float = 30) -> tuple[float | None, int]:
+    """Cut the standby's site off for ``cut_s`` while a writer commits on the primary: the
+    longest wait for a commit after the cut, and how many commits were acknowledged."""
+    acks = AckProbe(_admin_dsn(stack, (primary,), PROBE_DB)).start()
+    others = tuple(x for x in ("a", "b", "witness") if x != standby)
+    with netcut.partitioned(standby, others, log) as cut:
+        time.sleep(cut_s)
+        stall = acks.stall_after(cut.at)
+    acks.stop()
+    log(f"with site {standby} (the standby's) cut off, commits on site {primary}'s member "
+        f"waited at most {stall} s")
+    return stall, len(acks.acked)
+
+
 def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: Log,
-                   seed: int = 7, cut_at: float = 0.4,
+                   seed: int = 7, at: str = "ingest", cut_at: float = 0.4,
                    close_timeout: float = 1500) -> dict[str, Any]:
+    """``site`` (the primary's) cut off alive during ingest, or while its own close holds
+    the date's lease (``at="close"``); the other site's Airflow closes the day; the cut
+    heals and the site must rejoin; then, as the standby's site now, it is cut off again
+    for half a minute while commits on the new primary are timed."""
     settings = stack_settings(stack)
     survivor = sites.other(site)
     sites.make_primary(stack, site, log)
@@ -143,43 +164,59 @@ def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: L
     AckProbe.prepare(both)
     acks = AckProbe(_admin_dsn(stack, (site,), PROBE_DB)).start()
     gateway, share = start_trading(stack, settings, trade_date, trades, seed, log,
-                                   rate=max(1, trades // LOSS_DAY_S))
-    progress = wait_for_share(settings.ledger_dsn("shared"), site, share, cut_at,
-                              timeout=600, trade_date=trade_date)
+                                   rate=max(1, trades // LOSS_DAY_S) if at == "ingest" else None)
+    cut_close: tuple[Any, str] | None = None
+    if at == "ingest":
+        progress = wait_for_share(settings.ledger_dsn("shared"), site, share, cut_at,
+                                  timeout=600, trade_date=trade_date).describe()
+        gateway_out = None
+    else:
+        gateway_out = finish_trading(gateway)
+        cut_close = create_close(stack, site, trade_date, log)
+        wait_holder(settings, trade_date, site, timeout=900)
+        progress = f"site {site}'s close held the lease of {trade_date}"
     with netcut.partitioned(site, (survivor, "witness"), log) as cut:
         probe = sites.WriteProbe(sites.member_dsn(stack, survivor)).start(cut.at)
-        log(f"site {site} cut off at {progress.describe()}")
+        log(f"site {site} cut off: {progress}")
         demoted_s = wait_refusing_writes(sites.member_dsn(stack, site), cut.at, timeout=180)
         log(f"site {site}'s cut-off member stopped taking writes after {demoted_s} s")
         db_failover = probe.wait(300)
         log(f"site {survivor}'s member takes writes {db_failover} s after the cut")
-        gap = ingest_gap(settings, survivor, cut.at, timeout=600)
-        log(f"site {survivor} stored a trade {gap} s after the cut")
-        gateway_out = finish_trading(gateway)
+        gap = None
+        if at == "ingest":
+            gap = ingest_gap(settings, survivor, cut.at, timeout=600)
+            log(f"site {survivor} stored a trade {gap} s after the cut")
+            gateway_out = finish_trading(gateway)
         api, run_id = create_close(stack, survivor, trade_date, log)
         state = wait_run(api, run_id, close_timeout, log)
         acks.stop()
         primary_after = sites.primary_site(stack, (survivor,))
     t_heal = time.time()
     back = sites.wait_rejoined(stack, site, broker, t_heal, timeout=600, log=log)
+    cut_state = None if cut_close is None else wait_run(*cut_close, 600, log)
     lost_acks = acks.lost(both)
     log(f"{len(acks.acked)} writes acknowledged by site {site}'s member, {lost_acks} missing "
         "after the heal")
+    stall, stall_acks = standby_cut(stack, site, survivor, log) if back.rejoined else (None, 0)
     verdict = judge(settings, trade_date)
     return {
-        "fault": "site-partition", "site_lost": site, "trade_date": trade_date, **verdict,
-        "dag_run_id": run_id, "dag_run_state": state,
+        "fault": "site-partition", "at": at, "site_lost": site, "trade_date": trade_date,
+        **verdict, "dag_run_id": run_id, "dag_run_state": state,
+        "cut_dag_run_state": cut_state,
         "settlement_primary_before": primary_before, "settlement_primary_after": primary_after,
-        "cut_at": progress.describe(), "acknowledged": len(acks.acked),
+        "cut_at": progress, "acknowledged": len(acks.acked),
         "acknowledged_then_lost": lost_acks, "db_failover_s": db_failover,
-        "ingest_gap_s": gap, "commit_stall_s": None, "demoted_s": demoted_s,
+        "ingest_gap_s": gap, "demoted_s": demoted_s,
         "heal_s": back.seconds, "rejoined": back.rejoined, "rejoined_member": back.member,
-        "partitions_out_of_isr": back.partitions_out_of_isr, "gateway": gateway_out,
+        "partitions_out_of_isr": back.partitions_out_of_isr,
+        "commit_stall_s": stall, "standby_cut_commits": stall_acks, "gateway": gateway_out,
         "passed": bool(verdict["ledger_ok"] and state == "success"
                        and verdict["positions_match"] is not False
                        and verdict["publications"] == 1 and verdict["closed_by"] == survivor
                        and primary_before == site and primary_after == survivor
-                       and demoted_s is not None and lost_acks == 0 and back.rejoined),
+                       and demoted_s is not None and lost_acks == 0 and back.rejoined
+                       and stall is not None and stall_acks > 0
+                       and cut_state in (None, "success", "failed")),
     }
 
 
@@ -230,9 +267,11 @@ def quiet_partition(stack: Stack, fault: str, trade_date: str, trades: int, isol
 
 
 def run_partition_drill(stack: Stack, fault: str, site: str, trade_date: str, trades: int,
-                        log: Log, seed: int = 7) -> dict[str, Any]:
+                        log: Log, seed: int = 7, at: str = "ingest") -> dict[str, Any]:
+    if at not in ("ingest", "close"):
+        raise ServiceError(f"AT={at}: expected ingest or close")
     if fault == "site-partition":
-        return site_partition(stack, trade_date, trades, site, log, seed=seed)
+        return site_partition(stack, trade_date, trades, site, log, seed=seed, at=at)
     if fault == "standby-partition":
         return quiet_partition(stack, fault, trade_date, trades, site, sites.other(site), log,
                                seed=seed)
