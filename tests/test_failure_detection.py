@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -77,6 +77,29 @@ def _forwarder(target: tuple[str, int]) -> Iterator[int]:
         listener.close()
 
 
+def _timed_while_dropped(port: int, work: Callable[[], str], limit: float
+                         ) -> dict[str, float | str]:
+    """``work()`` in a thread while ``port`` is silent: what it returned (``result``) or
+    the psycopg error it raised (``error``), and how long it took. Fails the test if it is
+    still waiting after ``limit`` seconds."""
+    outcome: dict[str, float | str] = {}
+
+    def run() -> None:
+        start = time.monotonic()
+        try:
+            outcome["result"] = work()
+        except psycopg.Error as e:
+            outcome["error"] = str(e)
+        outcome["seconds"] = time.monotonic() - start
+
+    with _dropped(port):
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=limit)
+    assert not worker.is_alive(), f"still waiting on the silent port after {limit:.0f} s"
+    return outcome
+
+
 def _tcp_dsn(services: Settings, *ports: int) -> str:
     """The settlement database over TCP through ``ports`` (in order), with its password."""
     info = psycopg.conninfo.conninfo_to_dict(services.settlement_dsn)
@@ -92,24 +115,14 @@ def test_a_silent_first_member_costs_one_connect_timeout(services: Settings) -> 
     # retries (over two minutes).
     pg_port = int(psycopg.conninfo.conninfo_to_dict(services.settlement_dsn)["port"])
     silent = _free_port()
-    done: dict[str, float | str] = {}
 
-    def attempt() -> None:
-        start = time.monotonic()
-        try:
-            with open_connection(_tcp_dsn(services, silent, pg_port)) as conn:
-                done["port"] = str(conn.info.port)
-        except psycopg.Error as e:
-            done["error"] = str(e)
-        done["seconds"] = time.monotonic() - start
+    def attempt() -> str:
+        with open_connection(_tcp_dsn(services, silent, pg_port)) as conn:
+            return str(conn.info.port)
 
-    with _dropped(silent):
-        worker = threading.Thread(target=attempt, daemon=True)
-        worker.start()
-        worker.join(timeout=20)
-    assert not worker.is_alive(), "a silent first member held the connection beyond 20 s"
+    done = _timed_while_dropped(silent, attempt, limit=20)
     assert "error" not in done, done
-    assert done["port"] == str(pg_port)
+    assert done["result"] == str(pg_port)
     budget = LIBPQ_TIMEOUTS["connect_timeout"]
     assert budget - 0.5 <= float(done["seconds"]) <= budget + 3, done
 
@@ -124,23 +137,9 @@ def test_a_server_gone_silent_under_a_session_is_given_up_within_the_user_timeou
         conn = open_connection(_tcp_dsn(services, relay), autocommit=True)
         try:
             assert conn.execute("select 1").fetchone() == (1,)
-            outcome: dict[str, float | str] = {}
-
-            def ask() -> None:
-                start = time.monotonic()
-                try:
-                    conn.execute("select 2").fetchone()
-                    outcome["answered"] = "yes"
-                except psycopg.OperationalError as e:
-                    outcome["error"] = str(e)
-                outcome["seconds"] = time.monotonic() - start
-
-            with _dropped(relay):
-                worker = threading.Thread(target=ask, daemon=True)
-                worker.start()
-                worker.join(timeout=40)
-            assert not worker.is_alive(), "a silent server held the session beyond 40 s"
-            assert "answered" not in outcome, outcome
+            outcome = _timed_while_dropped(
+                relay, lambda: str(conn.execute("select 2").fetchone()), limit=40)
+            assert "result" not in outcome and "error" in outcome, outcome
             limit = LIBPQ_TIMEOUTS["tcp_user_timeout"] / 1000
             assert limit - 1 <= float(outcome["seconds"]) <= limit + 8, outcome
         finally:

@@ -59,9 +59,9 @@ def _admin_dsn(stack: Stack, sites_: tuple[str, ...], db: str) -> str:
 
 @dataclass
 class AckProbe:
-    """Commits numbered rows to one member (no statement timeout: a commit waiting for its
-    synchronous standby is never cancelled into a local-only success) and notes each one
-    the server acknowledged, with when it was sent and acknowledged."""
+    """Commits rows (numbered by the server) to one member (no statement timeout: a commit
+    waiting for its synchronous standby is never cancelled into a local-only success) and
+    notes each one the server acknowledged, with when it was sent and acknowledged."""
 
     dsn: str
     acked: list[tuple[int, float, float]] = field(default_factory=list)
@@ -78,7 +78,7 @@ class AckProbe:
         with open_connection(cluster_dsn.replace("/settlement?", f"/{PROBE_DB}?")
                              + "&target_session_attrs=read-write", autocommit=True) as conn:
             conn.execute("drop table if exists acks")
-            conn.execute("create table acks (id bigint primary key, at timestamptz "
+            conn.execute("create table acks (id bigserial primary key, at timestamptz "
                          "not null default now())")
 
     def start(self) -> AckProbe:
@@ -87,15 +87,16 @@ class AckProbe:
         return self
 
     def _run(self) -> None:
-        n = 0
+        # The server numbers the rows: probes one after the other share the table.
         while not self._stop.is_set():
             try:
                 with open_connection(self.dsn, timeout=3, autocommit=True) as conn:
                     while not self._stop.is_set():
-                        n += 1
                         sent = time.time()
-                        conn.execute("insert into acks (id) values (%s)", (n,))
-                        self.acked.append((n, sent, time.time()))
+                        row = conn.execute("insert into acks default values returning id"
+                                           ).fetchone()
+                        if row is not None:
+                            self.acked.append((int(row[0]), sent, time.time()))
                         time.sleep(0.2)
             except psycopg.Error:
                 time.sleep(0.5)  # read-only (demoted), unreachable: try again
