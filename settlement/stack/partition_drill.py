@@ -8,7 +8,10 @@ consumer, its broker, its member, its Airflow. The cut-off primary must demote i
 no longer renew its leader key), B's member must take writes, B's consumer must take A's
 partitions, and B's Airflow closes the day. Meanwhile a writer on the host keeps committing
 to A's member directly: whatever A acknowledged must still be there after the heal
-(`acknowledged_then_lost` 0). Then the cut heals and A must rejoin by itself.
+(`acknowledged_then_lost` 0). Then the cut heals and A must rejoin by itself. With AT=close
+the cut comes instead once the day is in and A's own close holds the date's lease: that close
+runs on, cut off, and must never publish. Either way the drill ends by cutting A off again,
+as the standby's site now, for half a minute, timing commits on B (`commit_stall_s`).
 
 standby-partition: the standby's site (SITE) is cut off while the other holds the primary;
 commits on the primary stall until the standby leaves the synchronous set, then go on
