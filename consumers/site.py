@@ -88,6 +88,11 @@ def consumer_config(settings: Settings, site: str, scheme: str) -> dict[str, Any
         "session.timeout.ms": settings.session_timeout_ms,
         "heartbeat.interval.ms": settings.heartbeat_interval_ms,
         "partition.assignment.strategy": "roundrobin",
+        # A partition whose leader's site went silent gets a new leader within the brokers'
+        # session timeout; a site asks for the leaders every 5 s (librdkafka's default: 5
+        # minutes) so that it fetches from the new one at once, instead of after a request to
+        # the silent one has timed out (socket.timeout.ms). One small request per 5 s.
+        "topic.metadata.refresh.interval.ms": 5000,
         # Large fetches keep librdkafka's prefetch queue ahead of a 20k-message batch.
         "fetch.wait.max.ms": 100,
         "max.partition.fetch.bytes": 8 << 20,

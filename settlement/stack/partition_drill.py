@@ -10,8 +10,8 @@ partitions, and B's Airflow closes the day. Meanwhile a writer on the host keeps
 to A's member directly: whatever A acknowledged must still be there after the heal
 (`acknowledged_then_lost` 0). Then the cut heals and A must rejoin by itself. With AT=close
 the cut comes instead once the day is in and A's own close holds the date's lease: that close
-runs on, cut off, and must never publish. Either way the drill ends by cutting A off again,
-as the standby's site now, for half a minute, timing commits on B (`commit_stall_s`).
+runs on, cut off, and must never publish. At ingest the drill ends by cutting A off again, as
+the standby's site now, for half a minute, timing commits on B (`commit_stall_s`).
 
 standby-partition: the standby's site (SITE) is cut off while the other holds the primary;
 commits on the primary stall until the standby leaves the synchronous set, then go on
@@ -137,10 +137,11 @@ def wait_refusing_writes(dsn: str, t0: float, timeout: float) -> float | None:
     return None
 
 
-def standby_cut(stack: Stack, standby: str, primary: str, log: Log,
-                cut_s: float = 30) -> tuple[float | None, int]:
+def standby_cut(stack: Stack, standby: str, primary: str, broker: int, log: Log,
+                cut_s: float = 30) -> tuple[float | None, int, bool]:
     """Cut the standby's site off for ``cut_s`` while a writer commits on the primary: the
-    longest wait for a commit after the cut, and how many commits were acknowledged."""
+    longest wait for a commit after the cut, how many commits were acknowledged, and
+    whether the site was whole again after the heal (the next drill switches over to it)."""
     acks = AckProbe(_admin_dsn(stack, (primary,), PROBE_DB)).start()
     others = tuple(x for x in ("a", "b", "witness") if x != standby)
     with netcut.partitioned(standby, others, log) as cut:
@@ -149,7 +150,8 @@ def standby_cut(stack: Stack, standby: str, primary: str, log: Log,
     acks.stop()
     log(f"with site {standby} (the standby's) cut off, commits on site {primary}'s member "
         f"waited at most {stall} s")
-    return stall, len(acks.acked)
+    back = sites.wait_rejoined(stack, standby, broker, time.time(), timeout=600, log=log)
+    return stall, len(acks.acked), back.rejoined
 
 
 def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: Log,
@@ -201,7 +203,9 @@ def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: L
     lost_acks = acks.lost(both)
     log(f"{len(acks.acked)} writes acknowledged by site {site}'s member, {lost_acks} missing "
         "after the heal")
-    stall, stall_acks = standby_cut(stack, site, survivor, log) if back.rejoined else (None, 0)
+    # At ingest only (CI's hour): the closing cut of the standby's site.
+    stall, stall_acks, whole = (standby_cut(stack, site, survivor, broker, log)
+                                if at == "ingest" and back.rejoined else (None, 0, back.rejoined))
     verdict = judge(settings, trade_date)
     return {
         "fault": "site-partition", "at": at, "site_lost": site, "trade_date": trade_date,
@@ -213,13 +217,14 @@ def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: L
         "ingest_gap_s": gap, "demoted_s": demoted_s,
         "heal_s": back.seconds, "rejoined": back.rejoined, "rejoined_member": back.member,
         "partitions_out_of_isr": back.partitions_out_of_isr,
-        "commit_stall_s": stall, "standby_cut_commits": stall_acks, "gateway": gateway_out,
+        "commit_stall_s": stall, "standby_cut_commits": stall_acks,
+        "whole_after_standby_cut": whole, "gateway": gateway_out,
         "passed": bool(verdict["ledger_ok"] and state == "success"
                        and verdict["positions_match"] is not False
                        and verdict["publications"] == 1 and verdict["closed_by"] == survivor
                        and primary_before == site and primary_after == survivor
                        and demoted_s is not None and lost_acks == 0 and back.rejoined
-                       and stall is not None and stall_acks > 0
+                       and whole and (at != "ingest" or (stall is not None and stall_acks > 0))
                        and cut_state in (None, "success", "failed")),
     }
 

@@ -126,11 +126,18 @@ def make_primary(stack: Stack, site: str, log: Log, timeout: float = 180) -> str
     before = primary_site(stack)
     if before is None:
         raise ServiceError("the settlement cluster has no primary: is the stack up?")
+    deadline = time.monotonic() + timeout
     if before != site:
+        # Patroni switches over only to the synchronous standby (412 otherwise): a member
+        # that has just rejoined (after an earlier drill) is waited for first.
+        while not in_sync(cluster(stack), before):
+            if time.monotonic() > deadline:
+                raise ServiceError(f"site {site}'s member is not the synchronous standby of "
+                                   f"site {before}'s after {timeout:.0f} s: {cluster(stack)}")
+            time.sleep(1)
         log(f"switching the settlement database's primary over from site {before} to {site}")
         patroni(stack, before, "/switchover",
                 {"leader": MEMBERS[before], "candidate": MEMBERS[site]}, timeout=60)
-    deadline = time.monotonic() + timeout
     while not in_sync(cluster(stack), site):
         if time.monotonic() > deadline:
             raise ServiceError(f"site {site}'s member did not become the primary with a "
