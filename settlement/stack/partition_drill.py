@@ -46,7 +46,6 @@ from settlement.stack.site_drill import (
     wait_run,
 )
 
-FAULTS = ("site-partition", "standby-partition", "witness-partition")
 PROBE_DB = "settle_drill_probe"
 
 
