@@ -23,7 +23,7 @@ from settlement.stack.engine import (
     run,
     stop_engine_if_ours,
 )
-from settlement.stack.images import build_images
+from settlement.stack.images import build_images, prune_left_builds
 
 PROJECT = "dual-site-settlement"
 PROJECT_FILTER = f"label=com.docker.compose.project={PROJECT}"  # `docker ps`/`volume ls`
@@ -271,6 +271,8 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     except ServiceError as exc:
         raise ServiceError(f"{exc}{_why_services_failed(stack)}") from None
     wait_ready(stack, log)
+    # Now that compose replaced (or removed) every container an older build ran.
+    prune_left_builds()
     return {**client_info(stack), "stale_removed": removed,
             "seconds": round(time.monotonic() - t0, 1)}
 
@@ -284,6 +286,7 @@ def down(root: Path, log: Log) -> dict[str, Any]:
         return {"removed": False, "reason": "no stack .env: nothing was started",
                 "engine_stopped": stop_engine_if_ours(stack.state, log)}
     _remove(stack)
+    prune_left_builds()
     return {"removed": True, "engine_stopped": stop_engine_if_ours(stack.state, log)}
 
 

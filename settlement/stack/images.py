@@ -70,6 +70,14 @@ def _docker_build(tag: str, context: Path, dockerfile: Path, log: Log,
         check=False, timeout=300)
 
 
+def prune_left_builds() -> None:
+    """Remove every untagged earlier build once the containers that held them are gone: a
+    build's own prune skips an image an earlier stack's container still ran (CI found one
+    left after `up` removed a stale stack; `up -d` and `down` free others the same way)."""
+    run(["docker", "image", "prune", "--force", "--filter", f"label={BUILT_LABEL}"],
+        check=False, timeout=300)
+
+
 def build_images(root: Path, kafka_jars: Path, log: Log) -> list[str]:
     """Every image the local stack runs; returns their tags."""
     build_base(log)
