@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# Makes the deployment's TLS material: a private CA, one certificate per Kafka broker (a PEM
-# keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads), one for
-# PostgreSQL and one for Airflow's api-server (HTTPS: the UI, the REST API and the task
-# processes' execution API). Clients trust ca.crt only and verify host names (Kafka: https
-# endpoint identification; PostgreSQL: sslmode=verify-full; Airflow: HTTPS).
+# Makes the deployment's TLS material: two private CAs and one key pair per server.
+#
+# - ca.crt, the stack's CA, signs the servers clients reach: each Kafka broker (a PEM
+#   keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads), each
+#   PostgreSQL server (postgres-a, postgres-b: the settlement cluster's members, their
+#   PostgreSQL and Patroni's REST API; postgres-site-a, -b: each site's own server), each
+#   site's Airflow api-server (airflow-apiserver-a, -b), Prometheus, Alertmanager, the
+#   Pushgateway, and each exporter. These are server certificates only (serverAuth): none can
+#   log in anywhere as a client. Clients trust ca.crt and verify host names (Kafka: https
+#   endpoint identification; PostgreSQL: sslmode=verify-full; HTTPS).
+# - etcd-ca.crt, etcd's own CA, signs only the three etcd members (etcd-a, -b, -witness:
+#   server and client, for their peer links) and each Patroni member's client certificate
+#   (patroni-postgres-a, -b: clientAuth). etcd trusts etcd-ca.crt alone, so no other
+#   component's key (a broker's, an exporter's) opens etcd, where Patroni's configuration
+#   and leader key live.
 #
 #   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
 #
-# Every certificate names its service (kafka-1..3, postgres, airflow and airflow-apiserver-a/-b,
-# prometheus, alertmanager, pushgateway, postgres-exporter, airflow-exporter),
-# localhost and 127.0.0.1, plus the extra SANs given (DNS:name or IP:address) for hosts
-# clients reach from elsewhere. Idempotent: what exists is kept (delete DIR to re-issue).
+# Every server certificate names its own service only, plus localhost and 127.0.0.1 (the
+# local stack runs every server on one loopback) and the extra SANs given (DNS:name or
+# IP:address) for hosts clients reach from elsewhere. Idempotent: a certificate is kept while
+# its CA verifies it and its usage is the one below; otherwise (an older version's shared
+# `postgres` or `serverAuth,clientAuth` certificate) it is issued again. Delete DIR to
+# re-issue everything.
 #
-# The CA's private key is NOT written into DIR: anyone who can read it can mint a `postgres`
-# or `kafka-N` certificate that passes verify-full. It lives in CA_DIR (default: DIR's
+# The CAs' private keys are NOT written into DIR: anyone who can read one can mint a
+# certificate that passes verify-full (or opens etcd). They live in CA_DIR (default: DIR's
 # sibling DIR-ca, e.g. certs-ca), 0700/0600, which no container mounts; docker-compose.yml
-# mounts ca.crt and each service's own key pair from DIR, file by file. A ca.key an older
-# version of this script left in DIR is moved there. Keep CA_DIR offline if you can: it is
-# needed only to issue certificates.
+# mounts the CA certificates and each service's own key pair from DIR, file by file. A ca.key
+# an older version of this script left in DIR is moved there. Keep CA_DIR offline if you can:
+# it is needed only to issue certificates.
 #
 # Private keys are 0600 and, when run as root, owned by the user that reads them in its image
-# (Kafka: uid 1000, PostgreSQL: uid 999, as in the official images and the ones deploy/local
-# builds; the application image's `settle`: uid 10001, for Airflow's api-server).
+# (Kafka: uid 1000, PostgreSQL: uid 999, etcd: 998, monitoring: 997, as in the official images
+# and the ones deploy/local builds; the application image's `settle`: uid 10001).
 set -euo pipefail
 
 dir=${1:?usage: make-certs.sh DIR [EXTRA_SAN ...]}
@@ -52,34 +64,50 @@ for f in ca.key ca.srl; do
   fi
 done
 
-if [[ ! -s ca.crt ]]; then
-  openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 3650 -keyout "$ca_dir/ca.key" \
-    -out ca.crt -subj "/CN=dual-site-settlement CA" \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
-    2>/dev/null
-  chmod 0644 ca.crt
-  echo "make-certs: CA $dir/ca.crt (its key: $ca_dir/ca.key)" >&2
-elif [[ ! -s $ca_dir/ca.key ]]; then
-  # Existing certificates are kept; only a new one needs the key.
-  need_key=1
-fi
+make_ca() { # file subject -> DIR/file.crt, its key in CA_DIR/file.key
+  local name=$1 subject=$2
+  if [[ ! -s $name.crt ]]; then
+    openssl req -x509 -newkey rsa:3072 -sha256 -nodes -days 3650 -keyout "$ca_dir/$name.key" \
+      -out "$name.crt" -subj "/CN=$subject" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+      2>/dev/null
+    chmod 0644 "$name.crt"
+    echo "make-certs: CA $dir/$name.crt (its key: $ca_dir/$name.key)" >&2
+  fi
+}
+make_ca ca "dual-site-settlement CA"
+make_ca etcd-ca "dual-site-settlement etcd CA"
 
-issue() { # name owner_uid [more SANs] -> name.key name.crt signed by the CA
-  local name=$1 uid=$2 sans="DNS:$1,DNS:localhost,IP:127.0.0.1"
-  shift 2
+# usage: server (serverAuth), client (clientAuth) or peer (both: etcd's members).
+issue() { # ca name owner_uid usage [more SANs] -> name.key name.crt signed by ca
+  local ca=$1 name=$2 uid=$3 usage=$4 sans eku want
+  shift 4
+  case $usage in
+    server) eku=serverAuth; want="TLS Web Server Authentication" ;;
+    client) eku=clientAuth; want="TLS Web Client Authentication" ;;
+    peer) eku=serverAuth,clientAuth
+      want="TLS Web Server Authentication, TLS Web Client Authentication" ;;
+    *) echo "make-certs: unknown usage $usage" >&2; exit 2 ;;
+  esac
+  sans="DNS:$name,DNS:localhost,IP:127.0.0.1"
   local san
   for san in "$@" "${extra[@]}"; do sans+=",$san"; done
-  [[ -s $name.crt ]] && return 0
-  if [[ -n ${need_key:-} ]]; then
-    echo "make-certs: $name.crt is missing and the CA's key is not in $ca_dir (set CA_DIR)" >&2
+  if [[ -s $name.crt ]] && openssl verify -CAfile "$ca.crt" "$name.crt" >/dev/null 2>&1 &&
+    [[ $(openssl x509 -in "$name.crt" -noout -ext extendedKeyUsage 2>/dev/null | tail -n +2 |
+      sed 's/^ *//') == "$want" ]]; then
+    return 0
+  fi
+  if [[ ! -s $ca_dir/$ca.key ]]; then
+    echo "make-certs: $name.crt is missing (or outdated) and the CA's key is not in" \
+      "$ca_dir/$ca.key (set CA_DIR)" >&2
     exit 1
   fi
   openssl req -newkey rsa:2048 -sha256 -nodes -keyout "$name.key" -out "$name.csr" \
     -subj "/CN=$name" 2>/dev/null
-  openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey "$ca_dir/ca.key" -CAcreateserial \
-    -CAserial "$ca_dir/ca.srl" -days "$days" \
+  openssl x509 -req -in "$name.csr" -CA "$ca.crt" -CAkey "$ca_dir/$ca.key" -CAcreateserial \
+    -CAserial "$ca_dir/$ca.srl" -days "$days" \
     -sha256 -out "$name.crt" -extfile <(printf '%s\n' "subjectAltName=$sans" \
-      "extendedKeyUsage=serverAuth,clientAuth" "keyUsage=critical,digitalSignature,keyEncipherment") \
+      "extendedKeyUsage=$eku" "keyUsage=critical,digitalSignature,keyEncipherment") \
     2>/dev/null
   rm -f "$name.csr"
   chmod 0644 "$name.crt"
@@ -88,31 +116,30 @@ issue() { # name owner_uid [more SANs] -> name.key name.crt signed by the CA
   else
     echo "make-certs: not root: chown $uid $dir/$name.key* before starting the stack" >&2
   fi
-  echo "make-certs: $name ($sans)" >&2
+  echo "make-certs: $name ($usage: $sans)" >&2
 }
 
 for n in 1 2 3; do
-  issue "kafka-$n" 1000
-  # The broker's PEM keystore: its unencrypted PKCS#8 key, then its certificate.
-  if [[ ! -s kafka-$n.pem ]]; then
-    cat "kafka-$n.key" "kafka-$n.crt" >"kafka-$n.pem"
-    [[ $EUID -ne 0 ]] || chown 1000:1000 "kafka-$n.pem"
-  fi
+  issue ca "kafka-$n" 1000 server
+  # The broker's PEM keystore: its unencrypted PKCS#8 key, then its certificate (made again
+  # each run: the certificate may just have been issued again).
+  cat "kafka-$n.key" "kafka-$n.crt" >"kafka-$n.pem"
+  [[ $EUID -ne 0 ]] || chown 1000:1000 "kafka-$n.pem"
 done
-# One certificate for both members of the settlement cluster (server, Patroni's REST API and
-# its etcd client login) and each site's own server (postgres-site-a, -b), one for the three
-# etcd members (uid 998: deploy/local/etcd.Dockerfile).
-issue postgres 999 DNS:postgres-a DNS:postgres-b DNS:postgres-site-a DNS:postgres-site-b
-issue etcd 998 DNS:etcd-a DNS:etcd-b DNS:etcd-witness
+# Each PostgreSQL server its own: the settlement cluster's members (PostgreSQL and Patroni's
+# REST API) and each site's own server. A site server's key cannot pass for the cluster.
+for m in postgres-a postgres-b postgres-site-a postgres-site-b; do issue ca "$m" 999 server; done
+# etcd's members (uid 998: deploy/local/etcd.Dockerfile) and Patroni's logins to etcd.
+for m in etcd-a etcd-b etcd-witness; do issue etcd-ca "$m" 998 peer; done
+for m in postgres-a postgres-b; do issue etcd-ca "patroni-$m" 999 client; done
 # Each site's Airflow api-server: clients reach it as airflow-apiserver-a / -b (compose's
 # service names, each site's execution API URL) or localhost / 127.0.0.1 (the published ports).
-issue airflow 10001 DNS:airflow-apiserver-a DNS:airflow-apiserver-b DNS:airflow-apiserver
+for s in a b; do issue ca "airflow-apiserver-$s" 10001 server; done
 # Monitoring (uid 997: deploy/prometheus/Dockerfile's prometheus): Prometheus, Alertmanager, the
-# Pushgateway, and one for the four PostgreSQL exporters (each at its server's site).
-issue prometheus 997
-issue alertmanager 997
-issue pushgateway 997
-issue postgres-exporter 997 DNS:postgres-exporter-a DNS:postgres-exporter-b \
-  DNS:postgres-exporter-site-a DNS:postgres-exporter-site-b
+# Pushgateway, and each PostgreSQL exporter (one at each server's site).
+issue ca prometheus 997 server
+issue ca alertmanager 997 server
+issue ca pushgateway 997 server
+for m in a b site-a site-b; do issue ca "postgres-exporter-$m" 997 server; done
 # Each site's Airflow exporter (`settle airflow-exporter`, the application image's settle).
-issue airflow-exporter 10001 DNS:airflow-exporter-a DNS:airflow-exporter-b
+for s in a b; do issue ca "airflow-exporter-$s" 10001 server; done

@@ -237,25 +237,40 @@ def test_volumes_are_declared_and_mounted_files_exist() -> None:
                 assert source in declared, f"{name} uses undeclared volume {source}"
 
 
-# What each service may read of deploy/make-certs.sh's folder: the CA certificate (to verify
-# servers) and its own key pair, nothing else. The CA's key (ca.key) in a container would let
-# anyone there mint a `postgres` or `kafka-N` certificate that passes verify-full.
-OWN_TLS_FILES = {
-    **{b: {"ca.crt", f"{b}.pem"} for b in BROKERS},
-    **{m: {"ca.crt", "postgres.crt", "postgres.key"} for m in PG_MEMBERS},
-    **{m: {"ca.crt", "etcd.crt", "etcd.key"} for m in ETCD},
+# What each service may read of deploy/make-certs.sh's folder, {file: path it is mounted at}:
+# the CA certificate it verifies others with and its own key pair (one per server, mounted at
+# the path its configuration reads), nothing else. A CA's key (ca.key, etcd-ca.key) in a
+# container would let anyone there mint a certificate that passes verify-full or opens etcd.
+CA = {"ca.crt": "/certs/ca.crt"}
+ETCD_CA = {"etcd-ca.crt": "/certs/etcd-ca.crt"}
+
+
+def _pair(name: str, at: str) -> dict[str, str]:
+    return {f"{name}.crt": f"/certs/{at}.crt", f"{name}.key": f"/certs/{at}.key"}
+
+
+OWN_TLS_FILES: dict[str, dict[str, str]] = {
+    **{b: {**CA, f"{b}.pem": f"/certs/{b}.pem"} for b in BROKERS},
+    # A member verifies the other and the site servers with ca.crt and etcd with etcd-ca.crt;
+    # it logs in to etcd with its own client certificate.
+    **{m: {**CA, **_pair(m, "postgres"), **ETCD_CA, **_pair(f"patroni-{m}", "patroni")}
+       for m in PG_MEMBERS},
+    # etcd trusts its own CA only.
+    **{m: {**ETCD_CA, **_pair(m, "etcd")} for m in ETCD},
     # Each site's own server verifies no one: its key pair only.
-    **{m: {"postgres.crt", "postgres.key"} for m in SITE_PG},
-    **{f"airflow-apiserver-{site}": {"ca.crt", "airflow.crt", "airflow.key"} for site in SITES},
+    **{m: _pair(m, "postgres") for m in SITE_PG},
+    **{f"airflow-apiserver-{site}": {**CA, **_pair(f"airflow-apiserver-{site}", "airflow")}
+       for site in SITES},
     # Monitoring (HTTPS): Prometheus verifies what it scrapes and the exporters their server;
     # Alertmanager and the Pushgateway verify no one.
-    "prometheus": {"ca.crt", "prometheus.crt", "prometheus.key"},
-    "alertmanager": {"alertmanager.crt", "alertmanager.key"},
-    "pushgateway": {"pushgateway.crt", "pushgateway.key"},
-    **{f"postgres-exporter-{server}": {"ca.crt", "postgres-exporter.crt", "postgres-exporter.key"}
+    "prometheus": {**CA, **_pair("prometheus", "prometheus")},
+    "alertmanager": _pair("alertmanager", "alertmanager"),
+    "pushgateway": _pair("pushgateway", "pushgateway"),
+    **{f"postgres-exporter-{server}": {**CA, **_pair(f"postgres-exporter-{server}",
+                                                     "postgres-exporter")}
        for server in ("a", "b", "site-a", "site-b")},
     # Each site's Airflow exporter verifies its api-server and serves HTTPS.
-    **{f"airflow-exporter-{site}": {"ca.crt", "airflow-exporter.crt", "airflow-exporter.key"}
+    **{f"airflow-exporter-{site}": {**CA, **_pair(f"airflow-exporter-{site}", "airflow-exporter")}
        for site in SITES},
 }
 
@@ -266,14 +281,12 @@ def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> N
             source = str(m["source"])
             # Never the folder: whatever make-certs.sh (or an operator) puts there would follow.
             assert source.rstrip("/") != CERTS_SOURCE, f"{name} mounts the whole certs folder"
-            assert "ca.key" not in source and "ca.key" not in str(m["target"]), name
+            assert "ca.key" not in source and "ca.key" not in str(m["target"]), name  # etcd-ca too
             if source.startswith(CERTS_SOURCE):
                 assert m["type"] == "bind" and m["read_only"] is True, (name, m)
                 # A missing file must fail the start, not become an empty directory.
                 assert m.get("bind", {}).get("create_host_path") is False, (name, m)
-        files = _cert_files(svc)
-        assert set(files) == OWN_TLS_FILES.get(name, {"ca.crt"}), name
-        assert all(target == f"/certs/{f}" for f, target in files.items()), (name, files)
+        assert _cert_files(svc) == OWN_TLS_FILES.get(name, CA), name
     # What the services are configured to read is what they mount.
     for b in BROKERS:
         assert _env(SERVICES[b])["KAFKA_SSL_KEYSTORE_LOCATION"] in _cert_files(SERVICES[b]) \
@@ -283,10 +296,15 @@ def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> N
     params = patroni["postgresql"]["parameters"]
     assert params["ssl"] == "on" and params["ssl_cert_file"] == "/certs/postgres.crt"
     assert params["ssl_key_file"] == "/certs/postgres.key"
+    assert (patroni["etcd3"]["cacert"], patroni["etcd3"]["cert"], patroni["etcd3"]["key"]) == (
+        "/certs/etcd-ca.crt", "/certs/patroni.crt", "/certs/patroni.key")
     for m in ETCD:
         env = _env(SERVICES[m])
         assert (env["ETCD_CERT_FILE"], env["ETCD_KEY_FILE"]) == ("/certs/etcd.crt",
                                                                 "/certs/etcd.key")
+        assert env["ETCD_TRUSTED_CA_FILE"] == env["ETCD_PEER_TRUSTED_CA_FILE"] == \
+            env["ETCDCTL_CACERT"] == "/certs/etcd-ca.crt"
+        assert env["ETCD_CLIENT_CERT_AUTH"] == env["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
     # The local stack's override adds no mount of its own (it would bypass the above).
     local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
     assert "volumes:" not in local
@@ -305,6 +323,20 @@ def _sans(cert: Path) -> str:
                            "subjectAltName"], capture_output=True, text=True, check=True).stdout
 
 
+def _verifies(ca: Path, cert: Path, host: str | None) -> bool:
+    """Whether ``cert`` is signed by ``ca`` (and names ``host``, when given)."""
+    cmd = ["openssl", "verify", "-CAfile", str(ca)]
+    if host:
+        cmd += ["-verify_hostname", host]
+    return subprocess.run([*cmd, str(cert)], capture_output=True, text=True).returncode == 0
+
+
+def _usage(cert: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-in", str(cert), "-noout", "-ext",
+                          "extendedKeyUsage"], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()[-1].strip()
+
+
 def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
     made = _make_certs(certs, "DNS:settle.example.com")
@@ -318,21 +350,38 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
         assert (certs / f).is_file(), f
     for key in (*certs.glob("*.key"), *certs.glob("*.pem")):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
-    # The api-server's certificate: signed by the CA, valid for the names clients use.
-    verify = subprocess.run(["openssl", "verify", "-CAfile", str(certs / "ca.crt"),
-                             str(certs / "airflow.crt")], capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    sans = _sans(certs / "airflow.crt")
-    for name in ("DNS:airflow-apiserver-a", "DNS:airflow-apiserver-b", "DNS:localhost",
-                 "IP Address:127.0.0.1", "DNS:settle.example.com"):
-        assert name in sans, sans
-    # Both cluster members and each site's own server: clients verify-full every one.
-    pg_sans = _sans(certs / "postgres.crt")
-    for name in ("DNS:postgres-a", "DNS:postgres-b", "DNS:postgres-site-a",
-                 "DNS:postgres-site-b"):
-        assert name in pg_sans, pg_sans
+    # One key pair per server, naming that server only, for serving only.
+    signed_by_etcd = {*ETCD, *(f"patroni-{m}" for m in PG_MEMBERS)}
+    servers = {f.removesuffix(".crt") for files in OWN_TLS_FILES.values() for f in files
+               if f.endswith(".crt")} - {"ca", "etcd-ca"} - signed_by_etcd | set(BROKERS)
+    # 3 brokers, 4 PostgreSQL servers, 2 api-servers, 3 monitoring servers, 6 exporters
+    assert len(servers) == 18, sorted(servers)
+    for name in servers:
+        assert _verifies(certs / "ca.crt", certs / f"{name}.crt", name), name
+        assert _usage(certs / f"{name}.crt") == "TLS Web Server Authentication", name
+        sans = set(_sans(certs / f"{name}.crt").split("\n", 1)[1].strip().split(", "))
+        assert sans == {f"DNS:{name}", "DNS:localhost", "IP Address:127.0.0.1",
+                        "DNS:settle.example.com"}, (name, sans)
+    # The doors: a site's own server cannot pass for a member of the settlement cluster, nor
+    # one site's api-server for the other's.
+    assert not _verifies(certs / "ca.crt", certs / "postgres-site-a.crt", "postgres-a")
+    assert not _verifies(certs / "ca.crt", certs / "airflow-apiserver-a.crt",
+                         "airflow-apiserver-b")
+    # etcd's own CA signs its members (peers: both usages) and Patroni's logins (client only);
+    # the stack's CA signs none of them, and etcd's signs no other component.
+    for m in ETCD:
+        assert _verifies(certs / "etcd-ca.crt", certs / f"{m}.crt", m)
+        assert not _verifies(certs / "ca.crt", certs / f"{m}.crt", m)
+        assert _usage(certs / f"{m}.crt") == \
+            "TLS Web Server Authentication, TLS Web Client Authentication"
+    for m in PG_MEMBERS:
+        assert _verifies(certs / "etcd-ca.crt", certs / f"patroni-{m}.crt", None)
+        assert _usage(certs / f"patroni-{m}.crt") == "TLS Web Client Authentication"
+    for other in ("kafka-1", "postgres-a", "pushgateway", "airflow-exporter-a"):
+        assert not _verifies(certs / "etcd-ca.crt", certs / f"{other}.crt", None), other
     if os.geteuid() == 0:  # owned by the image's user that reads it (settle, uid 10001)
-        assert (certs / "airflow.key").stat().st_uid == 10001
+        assert (certs / "airflow-apiserver-a.key").stat().st_uid == 10001
+        assert (certs / "etcd-a.key").stat().st_uid == 998
 
     # A folder an older version made (ca.key inside) is cleaned on the next run, the CA kept.
     old = tmp_path / "old"
@@ -340,17 +389,19 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
     for f in certs.iterdir():
         shutil.copy2(f, old / f.name)
     shutil.copy2(ca_dir / "ca.key", old / "ca.key")
-    (old / "airflow.crt").unlink()  # so that one certificate is issued with the moved key
+    (old / "airflow-apiserver-a.crt").unlink()  # so that one is issued with the moved key
     again = _make_certs(old, CA_DIR=str(tmp_path / "elsewhere"))
     assert again.returncode == 0, again.stderr
     assert not (old / "ca.key").exists(), "the CA's key stayed in the mounted folder"
     assert (tmp_path / "elsewhere" / "ca.key").read_bytes() == (ca_dir / "ca.key").read_bytes()
     assert (old / "ca.crt").read_bytes() == (certs / "ca.crt").read_bytes()
-    verify = subprocess.run(["openssl", "verify", "-CAfile", str(old / "ca.crt"),
-                             str(old / "airflow.crt")], capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert _verifies(old / "ca.crt", old / "airflow-apiserver-a.crt", "airflow-apiserver-a")
+    # An older version's etcd certificate (signed by the stack's CA) is issued again by etcd's.
+    shutil.copy2(certs / "kafka-1.crt", certs / "etcd-a.crt")
+    assert _make_certs(certs).returncode == 0
+    assert _verifies(certs / "etcd-ca.crt", certs / "etcd-a.crt", "etcd-a")
     # Without the CA's key nothing new can be issued, and the script says where it looked.
-    (old / "postgres.crt").unlink()
+    (old / "postgres-a.crt").unlink()
     lost = _make_certs(old, CA_DIR=str(tmp_path / "empty"))
     assert lost.returncode != 0 and "CA's key is not in" in lost.stderr, lost.stderr
 
@@ -678,8 +729,10 @@ def test_airflow_is_served_over_verified_https_on_the_address_the_operator_sets(
     env = _env(api)
     files = _cert_files(api)
     # The api-server's own certificate and key (Airflow's [api] ssl_cert / ssl_key: HTTPS).
-    assert env["AIRFLOW__API__SSL_CERT"] == files["airflow.crt"] == "/certs/airflow.crt"
-    assert env["AIRFLOW__API__SSL_KEY"] == files["airflow.key"] == "/certs/airflow.key"
+    assert env["AIRFLOW__API__SSL_CERT"] == files[f"airflow-apiserver-{site}.crt"] == \
+        "/certs/airflow.crt"
+    assert env["AIRFLOW__API__SSL_KEY"] == files[f"airflow-apiserver-{site}.key"] == \
+        "/certs/airflow.key"
     # Every component that calls it (the task processes: the execution API) trusts the
     # stack's CA alone; every URL to it is https.
     assert _shared("AIRFLOW__API__SSL_CA_FILE") == "/certs/ca.crt"

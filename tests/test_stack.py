@@ -114,7 +114,7 @@ def test_stack_up_prints_no_secret_and_its_secrets_file_holds_them_privately(
 
 
 def _https_server(certs: Path, body: bytes, host: str = "127.0.0.1") -> Any:
-    """An HTTPS server with the `airflow` certificate of ``certs``: ``body`` to every GET, a
+    """An HTTPS server with site A's api-server certificate of ``certs``: ``body`` to every GET, a
     token to every POST (/auth/token)."""
     import http.server
     import ssl
@@ -140,7 +140,7 @@ def _https_server(certs: Path, body: bytes, host: str = "127.0.0.1") -> Any:
 
     server = http.server.ThreadingHTTPServer((host, 0), Handler)
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(certs / "airflow.crt", certs / "airflow.key")
+    tls.load_cert_chain(certs / "airflow-apiserver-a.crt", certs / "airflow-apiserver-a.key")
     server.socket = tls.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -385,6 +385,48 @@ def _airflow_is_https_on_loopback_only(url: str) -> None:
     assert {a for a, _ in ours} == {"127.0.0.1"}, ours
 
 
+def _etcd_range(certs: Path, client: str, key: bytes) -> Any:
+    """etcd's v3 JSON API asked for ``key`` with ``client``'s key pair, as Patroni asks."""
+    import base64
+    import ssl
+    import urllib.request
+
+    tls = ssl.create_default_context(cafile=str(certs / "etcd-ca.crt"))
+    tls.load_cert_chain(certs / f"{client}.crt", certs / f"{client}.key")
+    body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
+    request = urllib.request.Request(f"https://127.0.0.1:{envfile.ETCD_PORTS[0][0]}/v3/kv/range",
+                                     data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10, context=tls) as answer:
+        return json.loads(answer.read())
+
+
+def _other_keys_open_no_door(certs: Path, secrets: dict[str, Any]) -> None:
+    """Issue 58's doors, on the running stack: etcd opens to Patroni's key only, and a site's
+    own server does not pass as a member of the settlement cluster."""
+    import ssl
+    import urllib.error
+
+    leader = b"/dual-site-settlement/settlement/leader"
+    for member in ("postgres-a", "postgres-b"):
+        kvs = _etcd_range(certs, f"patroni-{member}", leader).get("kvs", [])
+        assert len(kvs) == 1, kvs  # Patroni's own login reads its leader key
+    # Any other component's key (the stack's CA signed it, etcd's did not) is refused in the
+    # TLS handshake: before a single request, so no put or delete can follow.
+    for other in ("kafka-1", "postgres-a", "pushgateway", "airflow-apiserver-a"):
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            _etcd_range(certs, other, leader)
+    # verify-full against the member's name: its own server passes, a site server does not.
+    dsn = psycopg.conninfo.conninfo_to_dict(secrets["postgres_dsn"])
+    base = {**dsn, "host": "postgres-a", "hostaddr": "127.0.0.1", "sslmode": "verify-full",
+            "target_session_attrs": "any"}
+    with psycopg.connect(**{**base, "port": envfile.PG_PORTS[0]}) as conn:
+        assert conn.info.pgconn.ssl_in_use
+    with pytest.raises(psycopg.OperationalError, match="does not match host name"):
+        psycopg.connect(**{**base, "port": envfile.PG_SITE_PORTS["a"]}).close()
+    with pytest.raises(psycopg.OperationalError, match="does not match host name"):
+        psycopg.connect(**{**base, "port": envfile.PG_PORTS[1]}).close()  # nor B's member
+
+
 def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) -> None:
     """Every scrape target healthy (each site, each broker, each PostgreSQL server, each
     site's Airflow, the monitoring itself), the alert rules of deploy/prometheus/rules.yml
@@ -544,6 +586,8 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         _airflow_is_https_on_loopback_only(up["airflow_url"])
         # Prometheus scrapes every component, has every alert rule, serves the dashboard.
         _monitoring_sees_every_component(up, env)
+        # Each key opens its own doors only (issue 58).
+        _other_keys_open_no_door(Path(secrets["airflow_ca"]).parent, secrets)
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"
