@@ -15,11 +15,13 @@
 #   component's key (a broker's, an exporter's) opens etcd, where Patroni's configuration
 #   and leader key live.
 #
-#   deploy/make-certs.sh DIR [EXTRA_SAN ...]     e.g. deploy/make-certs.sh certs DNS:kafka.example.com
+#   deploy/make-certs.sh DIR [[SERVER=]EXTRA_SAN ...]
+#   e.g. deploy/make-certs.sh certs postgres-a=DNS:pg-a.example.com kafka-1=IP:10.0.0.5
 #
 # Every server certificate names its own service only, plus localhost and 127.0.0.1 (the
-# local stack runs every server on one loopback) and the extra SANs given (DNS:name or
-# IP:address) for hosts clients reach from elsewhere. Idempotent: a certificate is kept while
+# local stack runs every server on one loopback) and the extra SANs (DNS:name or IP:address)
+# for the names clients reach it by elsewhere: SERVER=SAN adds one to that server's
+# certificate, a bare SAN to every certificate. Idempotent: a certificate is kept while
 # its CA verifies it and its usage is the one below; otherwise (an older version's shared
 # `postgres` or `serverAuth,clientAuth` certificate) it is issued again. Delete DIR to
 # re-issue everything.
@@ -91,7 +93,14 @@ issue() { # ca name owner_uid usage [more SANs] -> name.key name.crt signed by c
   esac
   sans="DNS:$name,DNS:localhost,IP:127.0.0.1"
   local san
-  for san in "$@" "${extra[@]}"; do sans+=",$san"; done
+  for san in "$@"; do sans+=",$san"; done
+  for san in "${extra[@]}"; do
+    if [[ $san == *=* ]]; then  # SERVER=SAN: that server's only
+      [[ ${san%%=*} != "$name" ]] || sans+=",${san#*=}"
+    else
+      sans+=",$san"
+    fi
+  done
   if [[ -s $name.crt ]] && openssl verify -CAfile "$ca.crt" "$name.crt" >/dev/null 2>&1 &&
     [[ $(openssl x509 -in "$name.crt" -noout -ext extendedKeyUsage 2>/dev/null | tail -n +2 |
       sed 's/^ *//') == "$want" ]]; then

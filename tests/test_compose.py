@@ -339,7 +339,7 @@ def _usage(cert: Path) -> str:
 
 def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
-    made = _make_certs(certs, "DNS:settle.example.com")
+    made = _make_certs(certs, "DNS:settle.example.com", "postgres-a=DNS:pg-a.example.com")
     assert made.returncode == 0, made.stderr
     ca_dir = tmp_path / "certs-ca"
     assert not list(certs.glob("ca.key*")) and not (certs / "ca.srl").exists()
@@ -360,8 +360,9 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
         assert _verifies(certs / "ca.crt", certs / f"{name}.crt", name), name
         assert _usage(certs / f"{name}.crt") == "TLS Web Server Authentication", name
         sans = set(_sans(certs / f"{name}.crt").split("\n", 1)[1].strip().split(", "))
+        own = {"DNS:pg-a.example.com"} if name == "postgres-a" else set()  # SERVER=SAN
         assert sans == {f"DNS:{name}", "DNS:localhost", "IP Address:127.0.0.1",
-                        "DNS:settle.example.com"}, (name, sans)
+                        "DNS:settle.example.com", *own}, (name, sans)
     # The doors: a site's own server cannot pass for a member of the settlement cluster, nor
     # one site's api-server for the other's.
     assert not _verifies(certs / "ca.crt", certs / "postgres-site-a.crt", "postgres-a")
