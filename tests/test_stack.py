@@ -39,6 +39,17 @@ def test_stack_env_holds_every_required_value_privately_and_keeps_its_secrets(
     assert {k: again[k] for k in envfile.PASSWORDS} == {k: first[k] for k in envfile.PASSWORDS}
     assert again["AIRFLOW_FERNET_KEY"] == first["AIRFLOW_FERNET_KEY"]
     assert envfile.read_env(path)["SETTLE_EOD_CRON"] == "*/3 * * * *"
+    # The monitoring login's hash: kept while it matches, single-quoted (compose would expand
+    # its `$`), read back whole; a changed password gets a new one.
+    import bcrypt
+
+    hashed = again["MONITORING_PASSWORD_BCRYPT"]
+    assert hashed == first["MONITORING_PASSWORD_BCRYPT"]
+    assert f"MONITORING_PASSWORD_BCRYPT='{hashed}'\n" in path.read_text()
+    assert envfile.read_env(path)["MONITORING_PASSWORD_BCRYPT"] == hashed
+    assert bcrypt.checkpw(again["MONITORING_PASSWORD"].encode(), hashed.encode())
+    renewed = envfile.bcrypt_hash("another-one", hashed)
+    assert renewed != hashed and bcrypt.checkpw(b"another-one", renewed.encode())
     # Every address is loopback: no stack traffic leaves the machine.
     for key in ("KAFKA_BOOTSTRAP", "PG_ADDRESS", "AIRFLOW_INTERNAL_URL"):
         assert all("127.0.0.1:" in part for part in again[key].split(",")), key
@@ -440,8 +451,28 @@ def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) ->
     assert up["prometheus_url"] == env["PROMETHEUS_URL"].rstrip("/"), up
     assert up["alertmanager_url"] == env["ALERTMANAGER_URL"].rstrip("/"), up
     assert up["prometheus_url"].startswith("https://127.0.0.1:"), up
+    login = (envfile.MONITORING_USER, env["MONITORING_PASSWORD"])
     mon = Monitoring(up["prometheus_url"], up["alertmanager_url"], env["PUSHGATEWAY_URL"],
-                     up["airflow_ca"])
+                     up["airflow_ca"], login)
+    # Behind the login (issue 58): without it nothing is read, silenced or pushed; a wrong
+    # password is refused the same.
+    import urllib.error
+
+    silence = json.dumps({"matchers": [{"name": "alertname", "value": "SiteHeartbeatStale",
+                                        "isRegex": False}], "startsAt": "2026-01-01T00:00:00Z",
+                          "endsAt": "2099-01-01T00:00:00Z", "createdBy": "intruder",
+                          "comment": "quiet"}).encode()
+    for who in (None, (envfile.MONITORING_USER, "not-the-password")):
+        outsider = Monitoring(mon.prometheus_url, mon.alertmanager_url, mon.pushgateway_url,
+                              mon.ca_file, who)
+        for url, data, method in (
+                (f"{mon.prometheus_url}/api/v1/query?query=up", None, "GET"),
+                (f"{mon.alertmanager_url}/api/v2/silences", silence, "POST"),
+                (f"{mon.pushgateway_url}/metrics/job/settle-drill/drill/site-loss",
+                 b"settle_drill_passed 1\n", "PUT")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                outsider.fetch(url, data=data, method=method)
+            assert refused.value.code == 401, (url, refused.value.code)
     targets = wait_targets_up(mon, timeout=240)
     assert Counter(t.job for t in targets) == {"settle-site": 2, "kafka": 3, "postgres": 4,
                                                "airflow": 2, "pushgateway": 1,

@@ -318,6 +318,9 @@ def stack_secrets(stack: Stack) -> dict[str, Any]:
                            "password": env["AIRFLOW_OPERATIONS_PASSWORD"]},
             "auditor": {"username": "auditor", "password": env["AIRFLOW_AUDITOR_PASSWORD"]},
         },
+        # Prometheus', Alertmanager's and the Pushgateway's login (HTTP basic auth).
+        "monitoring_login": {"username": envfile.MONITORING_USER,
+                             "password": env["MONITORING_PASSWORD"]},
     }
 
 

@@ -20,8 +20,11 @@ PASSWORDS = (
     "SETTLE_KAFKA_AUDITOR_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "AIRFLOW_OPERATIONS_PASSWORD",
     "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
     "SETTLE_PG_REPLICATION_PASSWORD", "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD",
-    "SETTLE_PG_MONITOR_PASSWORD",
+    "SETTLE_PG_MONITOR_PASSWORD", "MONITORING_PASSWORD",
 )
+# Prometheus', Alertmanager's and the Pushgateway's one login, as deploy/prometheus/
+# prometheus.yml names it (web-start.sh gives them its bcrypt hash, MONITORING_PASSWORD_BCRYPT).
+MONITORING_USER = "monitoring"
 # The ports deploy/local/docker-compose.local.yml listens on (host networking). All lie below
 # Linux's ephemeral range (32768-60999): a port inside it is also the local end of outgoing
 # connections, and CI once saw the stack's PostgreSQL fail "could not create any TCP/IP
@@ -94,8 +97,21 @@ def read_env(path: Path) -> dict[str, str]:
         for line in path.read_text().splitlines():
             if line.strip() and not line.lstrip().startswith("#") and "=" in line:
                 key, _, value = line.partition("=")
-                values[key.strip()] = value.strip()
+                value = value.strip()
+                if len(value) >= 2 and value[0] == value[-1] == "'":
+                    value = value[1:-1]  # literal: compose expands no $ in it
+                values[key.strip()] = value
     return values
+
+
+def bcrypt_hash(password: str, old: str | None = None) -> str:
+    """``old`` while it is ``password``'s hash (a restart keeps the file as it is), else a new
+    one. Single-quoted in the .env: a bcrypt hash is full of `$`, which compose expands."""
+    import bcrypt
+
+    if old and bcrypt.checkpw(password.encode(), old.encode()):
+        return old
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
 
 
 def _fernet_key() -> str:
@@ -174,11 +190,14 @@ def write_env(path: Path, certs: Path, cron: str = "none",
     values["KAFKA_CLUSTER_ID"] = (old.get("KAFKA_CLUSTER_ID") or base64.urlsafe_b64encode(
         secrets.token_bytes(16)).decode().rstrip("="))
     values["KAFKA_ADMIN_USER"] = "admin"
+    values["MONITORING_PASSWORD_BCRYPT"] = bcrypt_hash(values["MONITORING_PASSWORD"],
+                                                       old.get("MONITORING_PASSWORD_BCRYPT"))
     values["AIRFLOW_ADMIN_USER"] = "admin"
     # An operator's bind address is kept; every other address is rewritten.
     values.update(local_settings(certs, cron, compressed,
                                  old.get("AIRFLOW_BIND_ADDRESS") or DEFAULT_AIRFLOW_BIND))
-    text = HEADER + "".join(f"{k}={v}\n" for k, v in values.items())
+    text = HEADER + "".join(f"{k}='{v}'\n" if "$" in v else f"{k}={v}\n"
+                            for k, v in values.items())
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)

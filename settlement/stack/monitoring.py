@@ -9,6 +9,7 @@ against the stack's CA.
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from settlement.errors import ServiceError
+from settlement.stack import envfile
 from settlement.stack.compose import Stack
 from settlement.stack.engine import Log
 
@@ -43,12 +45,16 @@ class Monitoring:
     alertmanager_url: str
     pushgateway_url: str
     ca_file: str
+    # The monitoring login (envfile.MONITORING_USER, MONITORING_PASSWORD); None: none sent.
+    login: tuple[str, str] | None = None
 
     def fetch(self, url: str, data: bytes | None = None, method: str = "GET",
               timeout: float = 15) -> bytes:
-        req = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "text/plain; version=0.0.4"}
-                                     if data is not None else {})
+        headers = {"Content-Type": "text/plain; version=0.0.4"} if data is not None else {}
+        if self.login:
+            token = base64.b64encode(":".join(self.login).encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
         context = ssl.create_default_context(cafile=self.ca_file)
         with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return bytes(resp.read())
@@ -99,7 +105,8 @@ class Monitoring:
 def monitoring(stack: Stack) -> Monitoring:
     env = stack.env()
     return Monitoring(env["PROMETHEUS_URL"], env["ALERTMANAGER_URL"], env["PUSHGATEWAY_URL"],
-                      str(stack.certs / "ca.crt"))
+                      str(stack.certs / "ca.crt"),
+                      (envfile.MONITORING_USER, env["MONITORING_PASSWORD"]))
 
 
 def push_verdict(stack: Stack, drill: str, passed: bool, log: Log) -> bool:
