@@ -11,7 +11,9 @@
 #   endpoint identification; PostgreSQL: sslmode=verify-full; HTTPS).
 # - etcd-ca.crt, etcd's own CA, signs only the three etcd members (etcd-a, -b, -witness:
 #   server and client, for their peer links) and each Patroni member's client certificate
-#   (patroni-postgres-a, -b: clientAuth). etcd trusts etcd-ca.crt alone, so no other
+#   (patroni-postgres-a, -b: clientAuth).
+# - ca.crt also signs one client certificate: postgres-admin (CN settle), without which no
+#   server takes the PostgreSQL admin over TCP. etcd trusts etcd-ca.crt alone, so no other
 #   component's key (a broker's, an exporter's) opens etcd, where Patroni's configuration
 #   and leader key live.
 #
@@ -112,7 +114,7 @@ issue() { # ca name owner_uid usage [more SANs] -> name.key name.crt signed by c
     exit 1
   fi
   openssl req -newkey rsa:2048 -sha256 -nodes -keyout "$name.key" -out "$name.csr" \
-    -subj "/CN=$name" 2>/dev/null
+    -subj "/CN=${CN:-$name}" 2>/dev/null
   openssl x509 -req -in "$name.csr" -CA "$ca.crt" -CAkey "$ca_dir/$ca.key" -CAcreateserial \
     -CAserial "$ca_dir/$ca.srl" -days "$days" \
     -sha256 -out "$name.crt" -extfile <(printf '%s\n' "subjectAltName=$sans" \
@@ -138,6 +140,13 @@ done
 # Each PostgreSQL server its own: the settlement cluster's members (PostgreSQL and Patroni's
 # REST API) and each site's own server. A site server's key cannot pass for the cluster.
 for m in postgres-a postgres-b postgres-site-a postgres-site-b; do issue ca "$m" 999 server; done
+# The PostgreSQL admin's client certificate (CN settle, the admin's user name): every server
+# takes the admin over TCP only with it and the password (pg_hba: clientcert=verify-full).
+# Mounted into the one-shot migrations only (the application image's settle: uid 10001).
+CN=settle issue ca postgres-admin 10001 client
+# The same login for the operator who ran this script (a drill's probes, an emergency psql):
+# a key pair of its own, owned by that user (libpq takes a key only from its owner or root).
+CN=settle issue ca postgres-admin-operator "$EUID" client
 # etcd's members (uid 998: deploy/local/etcd.Dockerfile) and Patroni's logins to etcd.
 for m in etcd-a etcd-b etcd-witness; do issue etcd-ca "$m" 998 peer; done
 for m in postgres-a postgres-b; do issue etcd-ca "patroni-$m" 999 client; done

@@ -59,6 +59,25 @@ def test_stack_env_holds_every_required_value_privately_and_keeps_its_secrets(
         assert again[key] == f"https://127.0.0.1:{envfile.AIRFLOW_PORT}", key
 
 
+def test_an_older_env_keeps_the_secrets_its_servers_were_made_with(tmp_path: Path) -> None:
+    """Per-server secrets (issue 58) on a stack an older version made: its site servers took
+    the shared admin and `airflow` passwords on their first start, and B's metadata holds what
+    the shared Fernet key encrypted."""
+    path = tmp_path / ".env"
+    first = envfile.write_env(path, tmp_path / "certs")
+    assert first["AIRFLOW_B_FERNET_KEY"] != first["AIRFLOW_FERNET_KEY"]
+    older = {k: v for k, v in first.items() if k not in envfile.INHERITED
+             and not k.startswith("AIRFLOW_B_")}
+    path.write_text("".join(f"{k}='{v}'\n" if "$" in v else f"{k}={v}\n"
+                            for k, v in older.items()))
+    again = envfile.write_env(path, tmp_path / "certs")
+    for new, shared in envfile.INHERITED.items():
+        assert again[new] == first[shared], new
+    own, kept = again["AIRFLOW_B_FERNET_KEY"].split(",")
+    assert kept == first["AIRFLOW_FERNET_KEY"] and own != kept
+    assert again["AIRFLOW_B_JWT_SECRET"] != again["AIRFLOW_JWT_SECRET"]
+
+
 def test_an_operators_airflow_address_is_kept_and_named_by_the_urls(tmp_path: Path) -> None:
     from settlement.config import ConfigError
 
@@ -437,6 +456,56 @@ def _other_keys_open_no_door(certs: Path, secrets: dict[str, Any]) -> None:
         psycopg.connect(**{**base, "port": envfile.PG_PORTS[1]}).close()  # nor B's member
 
 
+def _the_admin_needs_its_certificate(certs: Path, env: dict[str, str]) -> None:
+    """The PostgreSQL superuser over TCP: its password alone opens no server (issue 58); with
+    the operator's admin certificate it does."""
+    ca = str(certs / "ca.crt")
+    servers = [(port, "settlement", env["SETTLE_PG_ADMIN_PASSWORD"]) for port in envfile.PG_PORTS]
+    servers += [(port, f"ledger_{site}", env[f"SETTLE_PG_SITE_{site.upper()}_ADMIN_PASSWORD"])
+                for site, port in envfile.PG_SITE_PORTS.items()]
+    for port, db, password in servers:
+        admin = {"host": "127.0.0.1", "port": port, "dbname": db, "user": "settle",
+                 "password": password, "sslmode": "verify-full", "sslrootcert": ca}
+        with pytest.raises(psycopg.OperationalError, match="client certificate"):
+            psycopg.connect(**admin).close()
+        with psycopg.connect(**admin, sslcert=str(certs / "postgres-admin-operator.crt"),
+                             sslkey=str(certs / "postgres-admin-operator.key")) as conn:
+            row = conn.execute("select rolsuper from pg_roles where rolname = current_user")
+            assert row.fetchone() == (True,), port
+
+
+def _container(service: str) -> str:
+    ids = subprocess.run(["docker", "ps", "-q", "--filter",
+                          f"label=com.docker.compose.service={service}"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert len(ids) == 1, (service, ids)
+    return ids[0]
+
+
+def _site_a_key_reads_nothing_of_site_b(env: dict[str, str]) -> None:
+    """A connection saved at site B (its password encrypted in B's metadata database) is read
+    with B's Fernet key and not with A's (issue 58)."""
+    from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+    scheduler = _container("airflow-scheduler-b")
+    subprocess.run(["docker", "exec", scheduler, "airflow", "connections", "add", "door_test",
+                    "--conn-uri", "postgres://someone:door-secret@example.invalid/db"],
+                   capture_output=True, text=True, timeout=180, check=True)
+    try:
+        stored = subprocess.run(
+            ["docker", "exec", _container("postgres-site-b"), "psql", "-U", "settle", "-d",
+             "airflow", "-Atc", "select password from connection where conn_id = 'door_test'"],
+            capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+        assert stored and "door-secret" not in stored, stored
+        b_keys = MultiFernet([Fernet(k) for k in env["AIRFLOW_B_FERNET_KEY"].split(",")])
+        assert b_keys.decrypt(stored.encode()) == b"door-secret"
+        with pytest.raises(InvalidToken):
+            Fernet(env["AIRFLOW_FERNET_KEY"]).decrypt(stored.encode())
+    finally:
+        subprocess.run(["docker", "exec", scheduler, "airflow", "connections", "delete",
+                        "door_test"], capture_output=True, text=True, timeout=180, check=False)
+
+
 def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) -> None:
     """Every scrape target healthy (each site, each broker, each PostgreSQL server, each
     site's Airflow, the monitoring itself), the alert rules of deploy/prometheus/rules.yml
@@ -617,7 +686,10 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         # Prometheus scrapes every component, has every alert rule, serves the dashboard.
         _monitoring_sees_every_component(up, env)
         # Each key opens its own doors only (issue 58).
-        _other_keys_open_no_door(Path(secrets["airflow_ca"]).parent, secrets)
+        certs = Path(secrets["airflow_ca"]).parent
+        _other_keys_open_no_door(certs, secrets)
+        _the_admin_needs_its_certificate(certs, env)
+        _site_a_key_reads_nothing_of_site_b(env)
 
         drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
         assert drill["site_killed"] == "site-a"

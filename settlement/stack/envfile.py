@@ -21,7 +21,19 @@ PASSWORDS = (
     "AIRFLOW_AUDITOR_PASSWORD", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
     "SETTLE_PG_REPLICATION_PASSWORD", "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD",
     "SETTLE_PG_MONITOR_PASSWORD", "MONITORING_PASSWORD",
+    # Each server its own admin, each site's Airflow its own secrets (issue 58): site A's
+    # are the unsuffixed AIRFLOW_* above.
+    "SETTLE_PG_SITE_A_ADMIN_PASSWORD", "SETTLE_PG_SITE_B_ADMIN_PASSWORD",
+    "AIRFLOW_B_DB_PASSWORD", "AIRFLOW_B_JWT_SECRET", "AIRFLOW_B_API_SECRET_KEY",
 )
+# A per-server secret an older .env did not have: the servers it made were initialised with
+# the shared one (a PostgreSQL server takes its admin's and `airflow`'s passwords on its first
+# start only), so that one is kept until an operator changes it (docs/operations.md).
+INHERITED = {
+    "SETTLE_PG_SITE_A_ADMIN_PASSWORD": "SETTLE_PG_ADMIN_PASSWORD",
+    "SETTLE_PG_SITE_B_ADMIN_PASSWORD": "SETTLE_PG_ADMIN_PASSWORD",
+    "AIRFLOW_B_DB_PASSWORD": "AIRFLOW_DB_PASSWORD",
+}
 # Prometheus', Alertmanager's and the Pushgateway's one login, as deploy/prometheus/
 # prometheus.yml names it (web-start.sh gives them its bcrypt hash, MONITORING_PASSWORD_BCRYPT).
 MONITORING_USER = "monitoring"
@@ -185,8 +197,15 @@ def write_env(path: Path, certs: Path, cron: str = "none",
               compressed: str = "") -> dict[str, str]:
     """Create or complete the stack's .env (secrets kept, addresses rewritten); 0600."""
     old = read_env(path)
-    values = {name: old.get(name) or secrets.token_hex(24) for name in PASSWORDS}
+    values = {name: old.get(name) or old.get(INHERITED.get(name, "")) or secrets.token_hex(24)
+              for name in PASSWORDS}
     values["AIRFLOW_FERNET_KEY"] = old.get("AIRFLOW_FERNET_KEY") or _fernet_key()
+    # Site B's own key; after an older .env's shared one, that one second: Airflow encrypts
+    # with the first and still reads what the shared key encrypted (`airflow
+    # rotate-fernet-key` at B, then drop it).
+    shared = old.get("AIRFLOW_FERNET_KEY")
+    values["AIRFLOW_B_FERNET_KEY"] = old.get("AIRFLOW_B_FERNET_KEY") or (
+        f"{_fernet_key()},{shared}" if shared else _fernet_key())
     values["KAFKA_CLUSTER_ID"] = (old.get("KAFKA_CLUSTER_ID") or base64.urlsafe_b64encode(
         secrets.token_bytes(16)).decode().rstrip("="))
     values["KAFKA_ADMIN_USER"] = "admin"

@@ -50,13 +50,16 @@ PROBE_DB = "settle_drill_probe"
 
 
 def _admin_dsn(stack: Stack, sites_: tuple[str, ...], db: str) -> str:
-    """The cluster's admin on the members of ``sites_`` (in order), TLS verified."""
+    """The cluster's admin on the members of ``sites_`` (in order), TLS verified, with the
+    admin's client certificate (no server takes the admin over TCP without it)."""
     from settlement.stack import envfile
 
     env = stack.env()
     hosts = ",".join(f"127.0.0.1:{envfile.PG_PORTS[0 if s == 'a' else 1]}" for s in sites_)
     return (f"postgresql://settle:{env['SETTLE_PG_ADMIN_PASSWORD']}@{hosts}/{db}"
-            f"?sslmode=verify-full&sslrootcert={stack.certs / 'ca.crt'}")
+            f"?sslmode=verify-full&sslrootcert={stack.certs / 'ca.crt'}"
+            f"&sslcert={stack.certs / 'postgres-admin-operator.crt'}"
+            f"&sslkey={stack.certs / 'postgres-admin-operator.key'}")
 
 
 @dataclass
