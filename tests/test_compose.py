@@ -257,8 +257,11 @@ OWN_TLS_FILES: dict[str, dict[str, str]] = {
        for m in PG_MEMBERS},
     # etcd trusts its own CA only.
     **{m: {**ETCD_CA, **_pair(m, "etcd")} for m in ETCD},
-    # Each site's own server verifies no one: its key pair only.
-    **{m: _pair(m, "postgres") for m in SITE_PG},
+    # Each site's own server verifies the admin's client certificate (ca.crt).
+    **{m: {**CA, **_pair(m, "postgres")} for m in SITE_PG},
+    # The migrations log in as the admin: its password and its client certificate.
+    **{m: {**CA, **_pair("postgres-admin", "postgres-admin")}
+       for m in ("migrate", "migrate-a", "migrate-b")},
     **{f"airflow-apiserver-{site}": {**CA, **_pair(f"airflow-apiserver-{site}", "airflow")}
        for site in SITES},
     # Monitoring (HTTPS): Prometheus verifies what it scrapes and the exporters their server;
@@ -353,7 +356,8 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
     # One key pair per server, naming that server only, for serving only.
     signed_by_etcd = {*ETCD, *(f"patroni-{m}" for m in PG_MEMBERS)}
     servers = {f.removesuffix(".crt") for files in OWN_TLS_FILES.values() for f in files
-               if f.endswith(".crt")} - {"ca", "etcd-ca"} - signed_by_etcd | set(BROKERS)
+               if f.endswith(".crt")} - {"ca", "etcd-ca", "postgres-admin"} - signed_by_etcd \
+        | set(BROKERS)
     # 3 brokers, 4 PostgreSQL servers, 2 api-servers, 3 monitoring servers, 6 exporters
     assert len(servers) == 18, sorted(servers)
     for name in servers:
@@ -378,8 +382,18 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
     for m in PG_MEMBERS:
         assert _verifies(certs / "etcd-ca.crt", certs / f"patroni-{m}.crt", None)
         assert _usage(certs / f"patroni-{m}.crt") == "TLS Web Client Authentication"
-    for other in ("kafka-1", "postgres-a", "pushgateway", "airflow-exporter-a"):
+    for other in ("kafka-1", "postgres-a", "pushgateway", "airflow-exporter-a",
+                  "postgres-admin"):
         assert not _verifies(certs / "etcd-ca.crt", certs / f"{other}.crt", None), other
+    # The PostgreSQL admin's client certificates (the migrations', the operator's): CN settle,
+    # the user name pg_hba's clientcert=verify-full compares, for logging in only.
+    for admin in ("postgres-admin", "postgres-admin-operator"):
+        assert _verifies(certs / "ca.crt", certs / f"{admin}.crt", None)
+        assert _usage(certs / f"{admin}.crt") == "TLS Web Client Authentication"
+        subject = subprocess.run(["openssl", "x509", "-in", str(certs / f"{admin}.crt"),
+                                  "-noout", "-subject"], capture_output=True, text=True,
+                                 check=True).stdout
+        assert subject.strip() == "subject=CN = settle", subject
     if os.geteuid() == 0:  # owned by the image's user that reads it (settle, uid 10001)
         assert (certs / "airflow-apiserver-a.key").stat().st_uid == 10001
         assert (certs / "etcd-a.key").stat().st_uid == 998
@@ -692,10 +706,20 @@ def _shared(var: str, services: tuple[str, ...] = (*AIRFLOW, "airflow-init-a",
     return values.pop()
 
 
-def test_each_sites_airflow_keeps_its_metadata_on_its_own_server_and_shares_secrets() -> None:
+# Each site's Airflow's own secrets (issue 58): site A's are the unsuffixed names.
+SITE_SECRETS = {"AIRFLOW__CORE__FERNET_KEY": "FERNET_KEY", "AIRFLOW__API_AUTH__JWT_SECRET":
+                "JWT_SECRET", "AIRFLOW__API__SECRET_KEY": "API_SECRET_KEY"}
+
+
+def _site_secret(site: str, name: str) -> str:
+    return f"AIRFLOW_{name}" if site == "a" else f"AIRFLOW_{site.upper()}_{name}"
+
+
+def test_each_sites_airflow_keeps_its_metadata_on_its_own_server_and_has_its_own_secrets(
+        ) -> None:
     for site in SITES:
         raw = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", _site(site))
-        url = urlsplit(_interpolate(raw, {"AIRFLOW_DB_PASSWORD": "from-dotenv"}))
+        url = urlsplit(_interpolate(raw, {_site_secret(site, "DB_PASSWORD"): "from-dotenv"}))
         # The site's own server: not the settlement cluster, whose member at this site is a
         # read-only standby whenever the other site holds the primary.
         assert url.scheme.startswith("postgresql") and url.hostname == f"postgres-site-{site}"
@@ -705,9 +729,15 @@ def test_each_sites_airflow_keeps_its_metadata_on_its_own_server_and_shares_secr
         assert _interpolate(_shared("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", _site(site)),
                             {}) == f"https://airflow-apiserver-{site}:8080/execution/"
         assert _shared("AIRFLOW__API__BASE_URL", _site(site)).startswith("${AIRFLOW_")
-    assert _ref(_shared("AIRFLOW__API_AUTH__JWT_SECRET")) == "AIRFLOW_JWT_SECRET"
-    assert _ref(_shared("AIRFLOW__CORE__FERNET_KEY")) == "AIRFLOW_FERNET_KEY"
-    assert _ref(_shared("AIRFLOW__API__SECRET_KEY")) == "AIRFLOW_API_SECRET_KEY"
+        # Every component of the site agrees on them; the other site has its own.
+        for var, name in SITE_SECRETS.items():
+            assert _ref(_shared(var, _site(site))) == _site_secret(site, name), (site, var)
+    # A site's own server makes its Airflow's login with that site's password.
+    for site in SITES:
+        init = _env(SERVICES[f"postgres-site-{site}"])
+        assert _ref(str(init["AIRFLOW_DB_PASSWORD"])) == _site_secret(site, "DB_PASSWORD")
+        assert _ref(str(init["POSTGRES_PASSWORD"])) == \
+            f"SETTLE_PG_SITE_{site.upper()}_ADMIN_PASSWORD"
     assert _shared("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor"
     assert _shared("AIRFLOW__CORE__DAGS_FOLDER") == "/app/dags"
     assert _shared("AIRFLOW__CORE__LOAD_EXAMPLES") == "False"
@@ -775,7 +805,7 @@ def test_airflow_metadata_db_drivers_are_installed() -> None:
     from sqlalchemy import create_engine
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    dotenv = {"AIRFLOW_DB_PASSWORD": "pw"}
+    dotenv = {"AIRFLOW_DB_PASSWORD": "pw", "AIRFLOW_B_DB_PASSWORD": "pw"}
     sync = _interpolate(_shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", _site("b")), dotenv)
     async_url = _shared("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC", _site("b"))
     assert async_url != "None", "set SQL_ALCHEMY_CONN_ASYNC (asyncpg is not installed)"
@@ -887,7 +917,11 @@ def test_every_postgres_client_lists_both_members_and_asks_for_the_primary() -> 
                 # metadata, reached by that site (or, for the ledgers, by either close).
                 assert site[1].lower() == site[2], (name, var)
                 assert re.search(rf"/(ledger_{site[2]}|airflow)\?", text), (name, var)
-                assert text.endswith("sslmode=verify-full&sslrootcert=/certs/ca.crt"), (name, var)
+                # The admin (the migrations) also presents its client certificate.
+                tls = "sslmode=verify-full&sslrootcert=/certs/ca.crt"
+                admin = "&sslcert=/certs/postgres-admin.crt&sslkey=/certs/postgres-admin.key"
+                assert text.endswith(tls + admin if text.startswith("postgresql://settle:")
+                                     else tls), (name, var)
                 continue
             member = re.search(r"@\$\{PG_([AB])_ADDRESS:-postgres-([ab]):5432\}/settlement\?", text)
             if member:

@@ -4,6 +4,7 @@ deploy/local/docker-compose.local.yml. Also its TLS material (deploy/make-certs.
 from __future__ import annotations
 
 import base64
+import hashlib
 import ipaddress
 import os
 import secrets
@@ -116,6 +117,17 @@ def read_env(path: Path) -> dict[str, str]:
     return values
 
 
+def deploy_config_digest(root: Path = Path(__file__).resolve().parents[2]) -> str:
+    """What the services that mount deploy/'s files see (docker-compose.yml's
+    DEPLOY_CONFIG_DIGEST): their content, not just their paths, so that a change recreates
+    them."""
+    digest = hashlib.sha256()
+    for f in sorted((root / "deploy").rglob("*")):
+        if f.is_file():
+            digest.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def bcrypt_hash(password: str, old: str | None = None) -> str:
     """``old`` while it is ``password``'s hash (a restart keeps the file as it is), else a new
     one. Single-quoted in the .env: a bcrypt hash is full of `$`, which compose expands."""
@@ -182,6 +194,7 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
         "ALERTMANAGER_URL": f"https://127.0.0.1:{ALERTMANAGER_PORT}",
         "PUSHGATEWAY_URL": f"https://127.0.0.1:{PUSHGATEWAY_PORT}",
         "SETTLE_CERTS_DIR": str(certs),
+        "DEPLOY_CONFIG_DIGEST": deploy_config_digest(),
         "SETTLE_SCHEME": "shared",
         "SETTLE_TOPIC": "trades",
         "SETTLE_PARTITIONS": "6",
