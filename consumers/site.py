@@ -199,7 +199,9 @@ class Site:
         self.partition_count = self._partition_count()
         if self.settings.metrics_port:
             port = self.metrics.serve(self.settings.metrics_port,
-                                      self.settings.metrics_address)
+                                      self.settings.metrics_address,
+                                      self.settings.metrics_tls_cert,
+                                      self.settings.metrics_tls_key)
             log.info("site %s: Prometheus metrics on port %d (/metrics)", opts.site, port)
         last_stats, stats_at = dict(self.stats), started
         last_prune = -PRUNE_EVERY  # a first pass at start

@@ -161,3 +161,5 @@ issue ca pushgateway 997 server
 for m in a b site-a site-b; do issue ca "postgres-exporter-$m" 997 server; done
 # Each site's Airflow exporter (`settle airflow-exporter`, the application image's settle).
 for s in a b; do issue ca "airflow-exporter-$s" 10001 server; done
+# Each site's consumer: its metrics endpoint (SETTLE_METRICS_TLS_CERT / _KEY).
+for s in a b; do issue ca "site-$s" 10001 server; done

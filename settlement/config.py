@@ -225,6 +225,10 @@ class Settings(BaseSettings):
     # Where the metrics server listens: every interface (Prometheus scrapes from another host
     # or container), or one address (the local stack's host networking: 127.0.0.1).
     metrics_address: str = "0.0.0.0"
+    # HTTPS for that server: the site's own certificate and key (PEM files; docker-compose.yml
+    # mounts each site's pair). Both or neither; neither serves plain HTTP (embedded runs).
+    metrics_tls_cert: str = ""
+    metrics_tls_key: str = ""
     stats_interval_seconds: float = Field(30.0, ge=0)
     heartbeat_retention_days: int = Field(7, ge=0, le=3650)
 
@@ -424,6 +428,14 @@ class Settings(BaseSettings):
     def _crash_at(cls, v: str) -> str:
         crashpoints.parse(v.strip())
         return v.strip()
+
+    @model_validator(mode="after")
+    def _metrics_tls_is_a_pair(self) -> Settings:
+        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
+            raise ValueError("SETTLE_METRICS_TLS_CERT and SETTLE_METRICS_TLS_KEY go together "
+                             "(the metrics server's certificate and its key): set both, or "
+                             "neither for plain HTTP")
+        return self
 
     @model_validator(mode="after")
     def _no_crash_points_in_production(self) -> Settings:

@@ -272,6 +272,8 @@ OWN_TLS_FILES: dict[str, dict[str, str]] = {
     **{f"postgres-exporter-{server}": {**CA, **_pair(f"postgres-exporter-{server}",
                                                      "postgres-exporter")}
        for server in ("a", "b", "site-a", "site-b")},
+    # Each site's consumer serves its metrics over HTTPS.
+    **{f"site-{site}": {**CA, **_pair(f"site-{site}", "metrics")} for site in SITES},
     # Each site's Airflow exporter verifies its api-server and serves HTTPS.
     **{f"airflow-exporter-{site}": {**CA, **_pair(f"airflow-exporter-{site}", "airflow-exporter")}
        for site in SITES},
@@ -358,8 +360,9 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
     servers = {f.removesuffix(".crt") for files in OWN_TLS_FILES.values() for f in files
                if f.endswith(".crt")} - {"ca", "etcd-ca", "postgres-admin"} - signed_by_etcd \
         | set(BROKERS)
-    # 3 brokers, 4 PostgreSQL servers, 2 api-servers, 3 monitoring servers, 6 exporters
-    assert len(servers) == 18, sorted(servers)
+    # 3 brokers, 4 PostgreSQL servers, 2 api-servers, 3 monitoring servers, 6 exporters and
+    # 2 sites' metrics
+    assert len(servers) == 20, sorted(servers)
     for name in servers:
         assert _verifies(certs / "ca.crt", certs / f"{name}.crt", name), name
         assert _usage(certs / f"{name}.crt") == "TLS Web Server Authentication", name

@@ -396,6 +396,10 @@ def producer_config(settings: Settings, transactional_id: str | None) -> dict[st
         "compression.type": "lz4",
         "message.max.bytes": 1_000_000,
         "queue.buffering.max.messages": 500_000,
+        # A partition leader at a site that went silent: the brokers elect another once its
+        # session expires (about 10 s); asking for metadata every 5 s finds it sooner than
+        # librdkafka's 5-minute default, as the sites' consumers do (consumers/site.py).
+        "topic.metadata.refresh.interval.ms": 5000,
     }
     if transactional_id:
         # Idempotence: producer id + per-partition sequence numbers, so the broker drops

@@ -117,7 +117,10 @@ def read_env(path: Path) -> dict[str, str]:
     return values
 
 
-def deploy_config_digest(root: Path = Path(__file__).resolve().parents[2]) -> str:
+REPO = Path(__file__).resolve().parents[2]
+
+
+def deploy_config_digest(root: Path = REPO) -> str:
     """What the services that mount deploy/'s files see (docker-compose.yml's
     DEPLOY_CONFIG_DIGEST): their content, not just their paths, so that a change recreates
     them."""
