@@ -11,11 +11,12 @@
 #   endpoint identification; PostgreSQL: sslmode=verify-full; HTTPS).
 # - etcd-ca.crt, etcd's own CA, signs only the three etcd members (etcd-a, -b, -witness:
 #   server and client, for their peer links) and each Patroni member's client certificate
-#   (patroni-postgres-a, -b: clientAuth).
-# - ca.crt also signs one client certificate: postgres-admin (CN settle), without which no
-#   server takes the PostgreSQL admin over TCP. etcd trusts etcd-ca.crt alone, so no other
+#   (patroni-postgres-a, -b: clientAuth). etcd trusts etcd-ca.crt alone, so no other
 #   component's key (a broker's, an exporter's) opens etcd, where Patroni's configuration
 #   and leader key live.
+# - ca.crt also signs the PostgreSQL admin's client certificates (CN settle): postgres-admin
+#   for the migrations, postgres-admin-operator for whoever ran this script. Without one no
+#   server takes the admin over TCP (pg_hba: clientcert=verify-full).
 #
 #   deploy/make-certs.sh DIR [[SERVER=]EXTRA_SAN ...]
 #   e.g. deploy/make-certs.sh certs postgres-a=DNS:pg-a.example.com kafka-1=IP:10.0.0.5
@@ -40,7 +41,7 @@
 # and the ones deploy/local builds; the application image's `settle`: uid 10001).
 set -euo pipefail
 
-dir=${1:?usage: make-certs.sh DIR [EXTRA_SAN ...]}
+dir=${1:?usage: make-certs.sh DIR [[SERVER=]EXTRA_SAN ...]}
 shift
 extra=("$@")
 days=${CERT_DAYS:-825}
