@@ -68,8 +68,7 @@ def test_an_older_env_keeps_the_secrets_its_servers_were_made_with(tmp_path: Pat
     assert first["AIRFLOW_B_FERNET_KEY"] != first["AIRFLOW_FERNET_KEY"]
     older = {k: v for k, v in first.items() if k not in envfile.INHERITED
              and not k.startswith("AIRFLOW_B_")}
-    path.write_text("".join(f"{k}='{v}'\n" if "$" in v else f"{k}={v}\n"
-                            for k, v in older.items()))
+    path.write_text(envfile.env_text(older))
     again = envfile.write_env(path, tmp_path / "certs")
     for new, shared in envfile.INHERITED.items():
         assert again[new] == first[shared], new

@@ -131,6 +131,12 @@ def deploy_config_digest(root: Path = REPO) -> str:
     return digest.hexdigest()[:16]
 
 
+def env_text(values: dict[str, str]) -> str:
+    """``values`` as .env lines; a value with a `$` (a bcrypt hash) single-quoted, which
+    compose reads literally and read_env unquotes."""
+    return "".join(f"{k}='{v}'\n" if "$" in v else f"{k}={v}\n" for k, v in values.items())
+
+
 def bcrypt_hash(password: str, old: str | None = None) -> str:
     """``old`` while it is ``password``'s hash (a restart keeps the file as it is), else a new
     one. Single-quoted in the .env: a bcrypt hash is full of `$`, which compose expands."""
@@ -231,8 +237,7 @@ def write_env(path: Path, certs: Path, cron: str = "none",
     # An operator's bind address is kept; every other address is rewritten.
     values.update(local_settings(certs, cron, compressed,
                                  old.get("AIRFLOW_BIND_ADDRESS") or DEFAULT_AIRFLOW_BIND))
-    text = HEADER + "".join(f"{k}='{v}'\n" if "$" in v else f"{k}={v}\n"
-                            for k, v in values.items())
+    text = HEADER + env_text(values)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
