@@ -635,9 +635,12 @@ def _partition_passed(result: dict[str, Any]) -> None:
 
 
 def _make(*args: str, timeout: float) -> dict:
+    started = time.monotonic()
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
     sys.stderr.write(proc.stderr[-4000:])
+    # Each step's time in CI's log: where the stack phase's half hour goes.
+    sys.stderr.write(f"\nmake {' '.join(args)}: {time.monotonic() - started:.0f} s\n")
     assert proc.returncode == 0, f"make {' '.join(args)}: {proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
