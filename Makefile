@@ -14,13 +14,14 @@ export SPARK_LOCAL_IP := 127.0.0.1
 TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
-.PHONY: help setup browser promtool iptables env jars up down status migrate test test-quick test-down lint demo \
+.PHONY: help setup browser promtool iptables env jars up down status migrate test test-quick test-down lint docs demo \
 	airflow bench classifier clean stack-up stack-drill stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
 	@echo "make test   - the whole test suite against real Kafka/PostgreSQL/Spark"
 	@echo "make test-quick - the tests that need no services (a few minutes)"
+	@echo "make docs   - regenerate docs/reference/ (configuration, CLI) from the code"
 	@echo "make up | down | status | migrate | lint | bench | clean"
 	@echo "make stack-up | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
@@ -94,6 +95,11 @@ status:
 	$(SETTLE) services status
 migrate: env
 	$(SETTLE) db migrate
+
+# The configuration and CLI references, generated from Settings and the parsers
+# (settlement/cli/reference.py); tests/test_reference.py fails when they differ.
+docs: env
+	$(PY) -m settlement.cli.reference
 
 lint: env
 	$(UV) run --frozen ruff check settlement consumers dags tests benchmarks

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from settlement import crashpoints
@@ -63,18 +63,21 @@ def _user_dir(xdg_var: str, fallback: str, *parts: str) -> Path:
 
 
 def _default_state_dir() -> Path:
+    """`.state/` in a checkout; installed: `$XDG_STATE_HOME/settle` (`~/.local/state/settle`)"""
     if running_from_checkout():
         return REPO_ROOT / ".state"
     return _user_dir("XDG_STATE_HOME", ".local/state")
 
 
 def _default_jars_dir() -> Path:
+    """`.cache/jars/` in a checkout; installed: `~/.cache/settle/jars`"""
     if running_from_checkout():
         return REPO_ROOT / ".cache" / "jars"
     return _user_dir("XDG_CACHE_HOME", ".cache", "jars")
 
 
 def _default_reports_dir() -> Path:
+    """`reports/` in a checkout; installed: `~/.local/share/settle/reports`"""
     if running_from_checkout():
         return REPO_ROOT / "reports"
     return _user_dir("XDG_DATA_HOME", ".local/share", "reports")
@@ -157,148 +160,192 @@ class CompressedDays:
         return day.isoformat()
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SETTLE_", extra="ignore")
+# Settings are grouped by concern: one class per group, each with the meaning of every value
+# (the `description`, which docs/reference/configuration.md is generated from by `make docs`)
+# and, in comments, the reasons. `Settings` joins them and holds the checks that span groups.
+class FilesSettings(BaseModel):
+    """Files and folders."""
 
     # Defaults: under the checkout when running from one; for an installed wheel, the user's
     # XDG directories (~/.local/state/settle, ~/.cache/settle/jars, ~/.local/share/settle/reports).
     state_dir: Path = Field(default_factory=_default_state_dir,
                             description="embedded services' data and logs")
     jars_dir: Path = Field(default_factory=_default_jars_dir, description="Maven-resolved jars")
-    reports_dir: Path = Field(default_factory=_default_reports_dir, description="audit reports")
-    # The Great Expectations project (the folder holding great_expectations.yml). Unset: the
-    # checkout's gx/, or for an installed wheel <state_dir>/gx, seeded from the packaged copy
-    # on first use (GX writes results and data sources into its project folder).
-    gx_dir: Path | None = None
+    reports_dir: Path = Field(default_factory=_default_reports_dir,
+                              description="audit reports and instruction files")
+    # Unset: the checkout's gx/, or for an installed wheel <state_dir>/gx, seeded from the
+    # packaged copy on first use (GX writes results and data sources into its project folder).
+    gx_dir: Path | None = Field(None, description="the Great Expectations project (the folder "
+                                "holding great_expectations.yml); unset: the packaged one")
 
-    # Kafka. Unset bootstrap = the embedded KRaft cluster on loopback.
-    kafka_bootstrap: str | None = None
-    kafka_port: int = Field(19092, ge=1024, le=65000)
-    kafka_controller_port: int = Field(19192, ge=1024, le=65000)
+
+class KafkaSettings(BaseModel):
+    """Kafka."""
+
+    kafka_bootstrap: str | None = Field(None, description="host:port[,host:port...] of the "
+                                        "brokers; unset: the embedded KRaft cluster on "
+                                        "loopback")
+    kafka_port: int = Field(19092, ge=1024, le=65000,
+                            description="the embedded cluster's first broker port")
+    kafka_controller_port: int = Field(19192, ge=1024, le=65000,
+                                       description="the embedded cluster's first controller "
+                                                   "port")
     kafka_brokers: int = Field(1, description="embedded cluster size: 1 or 3")
-    kafka_heap: str = "768m"
-    topic: str = "trades"
-    partitions: int = Field(6, ge=1, le=1000)
-    # Unset: SASL_PLAINTEXT (SCRAM). Every client authenticates unless PLAINTEXT is chosen
-    # explicitly; the embedded broker's admin credentials are made on its first start.
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: str | None = None
-    kafka_ssl_ca_location: str | None = None
+    kafka_heap: str = Field("768m", description="each embedded broker's JVM heap")
+    topic: str = Field("trades", description="the trades topic")
+    partitions: int = Field(6, ge=1, le=1000, description="the topic's partitions when the "
+                            "project creates it")
+    # Every client authenticates unless PLAINTEXT is chosen explicitly; the embedded broker's
+    # admin credentials are made on its first start.
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None \
+        = Field(None, description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL; unset: "
+                "SASL_PLAINTEXT (SCRAM)")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+    kafka_sasl_username: str | None = Field(None, description="this component's Kafka user; "
+                                            "unset on the embedded cluster: its own")
+    kafka_sasl_password: str | None = Field(None, description="that user's password (secret)")
+    kafka_ssl_ca_location: str | None = Field(None, description="the CA file the brokers' "
+                                              "certificates are checked against")
 
-    # PostgreSQL. Unset DSNs = databases on the embedded server.
-    pg_port: int = Field(15432, ge=1024, le=65000)
-    # Prefixes the embedded databases' names: a private namespace (demo, drills, tests) on
-    # the embedded server whose DSNs still carry each component's own user.
-    pg_db_prefix: str = ""
-    # Which component this process is: chooses the embedded server's login user. The code of
-    # each component sets it (a site, the end of day, `settle status`); explicit DSNs are used
-    # as given (the deployment chose their users).
-    component: Component = "admin"
-    pg_dsn: str | None = None
-    ledger_a_dsn: str | None = None
-    ledger_b_dsn: str | None = None
-    ledger_shared_dsn: str | None = None
 
-    # Consumer sites.
-    batch_size: int = Field(20_000, ge=1, le=1_000_000)
-    max_message_bytes: int = Field(16_384, ge=256)
-    # The close's Kafka read classifies partitions of canonical plain trades and close
-    # markers in the JVM (settlement.spark.native) instead of the Python classifier: the
-    # same verdicts (tests/test_native.py), but measured slower than the worker so far
-    # (docs/benchmarks.md), hence off by default.
-    native_trades: bool = False
-    session_timeout_ms: int = Field(6_000, ge=1_000, le=300_000)
-    heartbeat_interval_ms: int = Field(1_000, ge=100, le=60_000)
+class PostgresSettings(BaseModel):
+    """PostgreSQL."""
+
+    pg_port: int = Field(15432, ge=1024, le=65000, description="the embedded server's port")
+    # A private namespace (demo, drills, tests) on the embedded server whose DSNs still carry
+    # each component's own user.
+    pg_db_prefix: str = Field("", description="prefixes the embedded databases' names")
+    # The code of each component sets it (a site, the end of day, `settle status`); explicit
+    # DSNs are used as given (the deployment chose their users).
+    component: Component = Field("admin", description="which component this process is: "
+                                 "chooses the embedded server's login user")
+    pg_dsn: str | None = Field(None, description="the settlement database; unset: the "
+                               "embedded server's")
+    ledger_a_dsn: str | None = Field(None, description="site A's ledger; unset: embedded")
+    ledger_b_dsn: str | None = Field(None, description="site B's ledger; unset: embedded")
+    ledger_shared_dsn: str | None = Field(None, description="the shared scheme's ledger; "
+                                          "unset: embedded")
+
+
+class SiteSettings(BaseModel):
+    """Consumer sites."""
+
+    batch_size: int = Field(20_000, ge=1, le=1_000_000,
+                            description="trades a site commits to its ledger at once")
+    max_message_bytes: int = Field(16_384, ge=256, description="a larger message is "
+                                   "quarantined as a dead letter")
+    session_timeout_ms: int = Field(6_000, ge=1_000, le=300_000,
+                                    description="the consumer group's session timeout")
+    heartbeat_interval_ms: int = Field(1_000, ge=100, le=60_000,
+                                       description="the consumer group's heartbeat")
     # Ledger sessions wait boundedly, so a frozen peer can delay a site but never block it:
     # a lock wait (the offset rows a paused zombie holds) gives up and is retried, a statement
     # is cancelled, and a session idle inside a transaction is ended by the server.
-    ledger_lock_timeout_ms: int = Field(2_000, ge=100, le=600_000)
-    ledger_statement_timeout_ms: int = Field(30_000, ge=1_000, le=3_600_000)
-    ledger_idle_timeout_ms: int = Field(5_000, ge=1_000, le=600_000)
-    # Operations (issue 16). A site serves Prometheus metrics on this port (0: no metrics
-    # server; two sites on one host need two ports), logs a one-line stats summary every
-    # stats_interval_seconds (0: never), and deletes its ledger's heartbeats older than
-    # heartbeat_retention_days (0: keep them all) once at start and then hourly.
-    metrics_port: int = Field(0, ge=0, le=65535)
-    # Where the metrics server listens: every interface (Prometheus scrapes from another host
-    # or container), or one address (the local stack's host networking: 127.0.0.1).
-    metrics_address: str = "0.0.0.0"
-    # HTTPS for that server: the site's own certificate and key (PEM files; docker-compose.yml
-    # mounts each site's pair). Both or neither; neither serves plain HTTP (embedded runs).
-    metrics_tls_cert: str = ""
-    metrics_tls_key: str = ""
-    stats_interval_seconds: float = Field(30.0, ge=0)
-    heartbeat_retention_days: int = Field(7, ge=0, le=3650)
+    ledger_lock_timeout_ms: int = Field(2_000, ge=100, le=600_000,
+                                        description="a ledger lock wait gives up (retried)")
+    ledger_statement_timeout_ms: int = Field(30_000, ge=1_000, le=3_600_000,
+                                             description="a ledger statement is cancelled")
+    ledger_idle_timeout_ms: int = Field(5_000, ge=1_000, le=600_000,
+                                        description="a ledger session idle inside a "
+                                                    "transaction is ended")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus metrics port; 0: no "
+                              "metrics server (two sites on one host need two ports)")
+    # Every interface (Prometheus scrapes from another host or container), or one address (the
+    # local stack's host networking: 127.0.0.1).
+    metrics_address: str = Field("0.0.0.0", description="where the metrics server listens")
+    # docker-compose.yml mounts each site's pair; neither serves plain HTTP (embedded runs).
+    metrics_tls_cert: str = Field("", description="the metrics server's certificate (PEM); "
+                                  "with metrics_tls_key, HTTPS")
+    metrics_tls_key: str = Field("", description="the metrics server's key (PEM)")
+    stats_interval_seconds: float = Field(30.0, ge=0, description="a one-line stats summary "
+                                          "this often; 0: never")
+    heartbeat_retention_days: int = Field(7, ge=0, le=3650, description="older ledger "
+                                          "heartbeats are deleted hourly; 0: keep all")
 
-    # Spark.
-    spark_master: str = "local[2]"
-    # The close's driver JVM heap (a local master caches the day there), a JVM size. Sizing
-    # it to the day was measured and left (docs/benchmarks.md): a 10M day closed no faster
-    # with 6g than with 2g.
-    spark_driver_memory: str = "2g"
-    # The driver JVM a close starts (settlement.spark.jvm): an archive of the classes a close
-    # loads, built by the first close and mapped by every later one (next to jars_dir, in
-    # "jvm"); and for a small day (at most spark_small_day_rows rows; 0: never) the quick
-    # compiler alone and Spark's interpreted expressions instead of generated code. Each cut
-    # a small day's close by seconds (docs/benchmarks.md). A small day is also read by the
-    # driver itself and handed to Spark as a frame in memory (settlement.spark.smallday),
-    # unless spark_small_day_driver_read is off.
-    spark_class_archive: bool = True
-    spark_small_day_rows: int = Field(50_000, ge=0)
-    spark_small_day_driver_read: bool = True
-    # Any other Kafka day on a local master is read by the Spark tasks' Python workers with
-    # the sites' client (settlement.spark.kafkaread), not by Spark's Kafka source in the
-    # JVM; off, or on a cluster (whose executors may not reach the files the client's
-    # settings name), Spark's source reads it.
-    spark_kafka_worker_read: bool = True
-    # Such a day is read by the tasks with the Java client and classified in the JVM by the
-    # compiled classifier (settlement.spark.jvmclassify; `make setup` builds it); a
-    # partition holding more than plain trades and close markers is the Python workers'
-    # still. Off, or without the jar, the workers read and classify it all.
-    spark_jvm_classifier: bool = True
-    # Executors on a cluster (spark:// or k8s://): small and one core each by default, so two
-    # of them fit the embedded cluster on a two-core machine next to Kafka and PostgreSQL.
-    spark_executor_memory: str = "768m"
-    spark_executor_cores: int = Field(1, ge=1, le=256)
+
+class SparkSettings(BaseModel):
+    """Spark: the close."""
+
+    spark_master: str = Field("local[2]", description="local[N], spark://, k8s:// or yarn")
+    # Sizing it to the day was measured and left (docs/benchmarks.md): a 10M day closed no
+    # faster with 6g than with 2g.
+    spark_driver_memory: str = Field("2g", description="the close's driver JVM heap (a local "
+                                     "master caches the day there)")
+    # Each of the next three cut a small day's close by seconds (docs/benchmarks.md).
+    spark_class_archive: bool = Field(True, description="map an archive of the classes a close "
+                                      "loads (built by the first close)")
+    spark_small_day_rows: int = Field(50_000, ge=0, description="a day of at most this many "
+                                      "rows is a small day: quick compiler, interpreted "
+                                      "expressions; 0: never")
+    spark_small_day_driver_read: bool = Field(True, description="a small day is read by the "
+                                              "driver and handed to Spark in memory")
+    # Off, or on a cluster (whose executors may not reach the files the client's settings
+    # name), Spark's own Kafka source reads it.
+    spark_kafka_worker_read: bool = Field(True, description="a Kafka day on a local master is "
+                                          "read by the tasks' Python workers with the sites' "
+                                          "client")
+    # A partition holding more than plain trades and close markers is the Python workers'
+    # still. Off, or without the jar (`make setup` builds it), the workers read it all.
+    spark_jvm_classifier: bool = Field(True, description="those tasks read with the Java "
+                                       "client and classify in the JVM")
+    # Measured slower than the worker so far (docs/benchmarks.md), hence off by default.
+    native_trades: bool = Field(False, description="classify canonical plain trades with "
+                                "Spark's own Kafka source and expressions")
+    # Small and one core each by default, so two fit the embedded cluster on a two-core
+    # machine next to Kafka and PostgreSQL.
+    spark_executor_memory: str = Field("768m", description="each executor's memory on a "
+                                       "cluster")
+    spark_executor_cores: int = Field(1, ge=1, le=256, description="each executor's cores on "
+                                      "a cluster")
     spark_cores_max: int | None = Field(None, ge=1, description="cores per application")
-    # The embedded standalone cluster (`settle services up --spark-cluster`).
-    spark_master_port: int = Field(17077, ge=1024, le=65000)
-    spark_master_ui_port: int = Field(18088, ge=1024, le=65000)
-    spark_workers: int = Field(2, ge=1, le=8)
-    spark_worker_cores: int = Field(1, ge=1, le=64)
-    spark_worker_memory: str = "1g"
-    # A driver that runs remotely (a k8s:// or YARN master in cluster mode) gets no password
-    # from spark-submit (its environment becomes --conf arguments, visible in `ps`, the log
-    # and Spark's UI): mount a pgpass file into the driver (a Kubernetes secret, a YARN
+    spark_master_port: int = Field(17077, ge=1024, le=65000, description="the embedded "
+                                   "standalone cluster's master port (`settle services up "
+                                   "--spark-cluster`)")
+    spark_master_ui_port: int = Field(18088, ge=1024, le=65000, description="its web UI")
+    spark_workers: int = Field(2, ge=1, le=8, description="its workers")
+    spark_worker_cores: int = Field(1, ge=1, le=64, description="each worker's cores")
+    spark_worker_memory: str = Field("1g", description="each worker's memory")
+    # spark-submit turns a remote driver's environment into --conf arguments, visible in `ps`,
+    # the log and Spark's UI: mount a pgpass file into the driver (a Kubernetes secret, a YARN
     # local resource) and name its path there.
     spark_pgpassfile: str | None = Field(None, description="pgpass file path inside a remote "
                                          "Spark driver")
 
-    # One close per trade date (settlement/eod/lease.py): a close holding the date renews its
-    # lease every third of close_lease_seconds; one that stops renewing that long (paused, its
-    # host lost) is taken over. A second close waits up to close_wait_seconds for the first
-    # and then reports its outcome (or settles the date itself when the first crashed); the
-    # DAG's settle task allows this wait plus an hour (orchestration.tasks.settle_timeout).
-    close_lease_seconds: float = Field(30.0, ge=3, le=3600)
+
+class CloseSettings(BaseModel):
+    """The close: one per trade date (settlement/eod/lease.py)."""
+
+    # A holder renews every third of the lease; the DAG's settle task allows the wait plus an
+    # hour (orchestration.tasks.settle_timeout).
+    close_lease_seconds: float = Field(30.0, ge=3, le=3600, description="a close that stops "
+                                       "renewing its lease this long (paused, its host lost) "
+                                       "is taken over")
     site_name: str | None = Field(None, max_length=64, description="the site this close runs "
                                   "at (a, b...): named in its lease and in `settle status`")
-    close_wait_seconds: float = Field(1800.0, ge=0, le=24 * 3600)
+    close_wait_seconds: float = Field(1800.0, ge=0, le=24 * 3600, description="a second close "
+                                      "waits this long for the first, then reports its "
+                                      "outcome (or settles the date when the first crashed)")
 
-    # Settlement instructions (settlement.instructions): a trade settles `settlement_cycle`
-    # settlement business days after its trade date; those are the exchange's sessions
-    # (exchange_calendar) less the bank holidays on which settlement is closed although the
-    # exchange trades (`settlement_holidays`: "us-banks" = Columbus Day and Veterans Day,
-    # "none", plus any YYYY-MM-DD dates, comma-separated). Fails reported above
-    # `fails_alert_share` of a settlement date's instructions raise an alert.
+
+class InstructionSettings(BaseModel):
+    """Settlement instructions (settlement.instructions)."""
+
+    # The settlement days are the exchange's sessions (exchange_calendar) less the bank
+    # holidays on which settlement is closed although the exchange trades.
     settlement_cycle: str = Field("T+1", description="T+N, N settlement days (0-5)")
-    settlement_holidays: str = "us-banks"
+    settlement_holidays: str = Field("us-banks", description="'us-banks' (Columbus Day and "
+                                     "Veterans Day), 'none', plus any YYYY-MM-DD dates, "
+                                     "comma-separated")
     settlement_currency: str = Field("USD", description="ISO 4217 code of the settlement "
                                      "amounts")
-    fails_alert_share: float = Field(0.05, ge=0, le=1)
+    fails_alert_share: float = Field(0.05, ge=0, le=1, description="alert when fails exceed "
+                                     "this share of a settlement date's instructions")
 
-    # Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration).
+
+class OperationsSettings(BaseModel):
+    """Operations in Airflow: the trading calendar, alerts, drills (settlement.orchestration)."""
+
     exchange_calendar: str = Field("XNYS", description="exchange-calendars code whose "
                                    "sessions eod_settlement runs on (XNYS, XLON, XTKS...)")
     eod_cron: str = Field("", description="a cron expression replacing the calendar "
@@ -315,17 +362,30 @@ class Settings(BaseSettings):
     alert_email: str | None = Field(None, description="comma-separated alert recipients "
                                                       "(sent through the smtp_default "
                                                       "Airflow connection)")
-    alert_webhook: str | None = Field(None, description="URL an alert is POSTed to as JSON")
-    alert_smtp_conn_id: str = "smtp_default"
-    # On for the embedded/dev setup; production (docker-compose.yml) turns it off so nobody
-    # fault-injects against live sites from the Airflow UI.
-    drills_enabled: bool = True
-    # Tests only (settlement.crashpoints): POINT:ACTION makes this process die or freeze at a
-    # named step of the close. Refused where drills are off: a production configuration.
+    alert_webhook: str | None = Field(None, description="URL an alert is POSTed to as JSON "
+                                      "(secret)")
+    alert_smtp_conn_id: str = Field("smtp_default", description="the Airflow connection alert "
+                                    "mail goes through")
+    # Production (docker-compose.yml) turns it off so nobody fault-injects against live sites
+    # from the Airflow UI.
+    drills_enabled: bool = Field(True, description="the failover_drill DAG and drill "
+                                 "commands may run")
     crash_at: str = Field("", description="tests only: POINT:kill|pause, a crash point "
                                           "(settlement.crashpoints); refused in production "
                                           "(SETTLE_DRILLS_ENABLED=false)")
 
+
+SETTING_GROUPS: tuple[type[BaseModel], ...] = (
+    FilesSettings, KafkaSettings, PostgresSettings, SiteSettings, SparkSettings, CloseSettings,
+    InstructionSettings, OperationsSettings,
+)
+
+
+class Settings(OperationsSettings, InstructionSettings, CloseSettings, SparkSettings,
+               SiteSettings, PostgresSettings, KafkaSettings, FilesSettings, BaseSettings):
+    """Every setting, read from ``SETTLE_<NAME>`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="SETTLE_", extra="ignore")
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap(cls, v: str | None) -> str | None:

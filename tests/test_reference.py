@@ -1,0 +1,44 @@
+"""The reference pages are what the code generates (`make docs`), and say what it holds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from settlement.cli import build_parser
+from settlement.cli.reference import PAGES_DIR, cli_page, configuration_page, stale_pages
+from settlement.config import SETTING_GROUPS, Settings
+
+
+def test_the_committed_reference_pages_are_what_make_docs_generates() -> None:
+    assert stale_pages() == [], "run `make docs` and commit docs/reference/"
+
+
+def test_every_setting_is_in_one_group_with_a_meaning_and_on_the_page() -> None:
+    page = configuration_page()
+    grouped = [name for g in SETTING_GROUPS for name in g.__annotations__
+               if name in g.model_fields]
+    assert sorted(grouped) == sorted(Settings.model_fields)  # each once, none left out
+    for name, field in Settings.model_fields.items():
+        assert field.description, f"{name} has no description for the reference"
+        assert page.count(f"`SETTLE_{name.upper()}`") == 1, name
+
+
+def test_every_command_is_on_the_cli_page_with_its_options() -> None:
+    page = cli_page()
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        assert f"## `settle {name}`" in page, name
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in page, f"settle {name} {flag}"
+
+
+def test_check_names_a_page_that_drifted(tmp_path) -> None:
+    (tmp_path / "configuration.md").write_text(configuration_page().replace("15432", "15433"))
+    (tmp_path / "cli.md").write_text(cli_page())
+    assert stale_pages(tmp_path) == ["configuration.md"]
+    assert (PAGES_DIR / "cli.md").is_file()
+    done = subprocess.run([sys.executable, "-m", "settlement.cli.reference", "--check"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
