@@ -42,3 +42,35 @@ def test_check_names_a_page_that_drifted(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "settlement.cli.reference", "--check"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def _anchors(page: str) -> set[str]:
+    """GitHub's anchors of a Markdown page: each heading's slug, and explicit ids."""
+    import re
+
+    out = set(re.findall(r'<a id="([^"]+)">', page))
+    for heading in re.findall(r"^#+ (.+)$", page, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def test_every_link_between_the_readme_and_the_docs_leads_somewhere() -> None:
+    import re
+
+    from settlement.config import REPO_ROOT
+
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not ours to check offline
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                broken.append(f"{page.relative_to(REPO_ROOT)}: {target} (no such heading)")
+    assert broken == []

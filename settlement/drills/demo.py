@@ -116,6 +116,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
         "logs": str(logs),
     }
     _print_summary(con, summary)
+    summary["still_running"] = _still_running(con, settings)
     if not check.ok:
         raise RuntimeError(f"the ledger does not match Kafka: {check.as_dict()}")
     if eod["eod_dag_state"] != "success" or not eod["validation_success"]:
@@ -173,11 +174,38 @@ def _instructions(settings: Settings, trade_date: str) -> dict[str, Any]:
             "instructions_iso20022": sent["paths"]["iso20022"]}
 
 
+# The summary's files, and what each is, in the order they are printed.
+PATHS = {"report_path": "audit report", "instructions_csv": "instructions (CSV)",
+         "instructions_iso20022": "instructions (ISO 20022)", "logs": "logs"}
+
+
 def _print_summary(con: Any, summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(title="demo summary", show_header=False)
+    t.add_column(no_wrap=True)
+    t.add_column(overflow="fold")
     for k, v in summary.items():
+        if k in PATHS:
+            continue
         style = "red" if k in ("lost", "duplicated", "unexpected") and v else ""
         t.add_row(k.replace("_", " "), f"[{style}]{v}[/]" if style else str(v))
     con.print(t)
+    # The files to open, whole on a line each (soft wrap: the terminal wraps a long one and a
+    # copy keeps it one path), never cut with "…" by a table cell.
+    for k in PATHS:
+        if summary.get(k):
+            con.print(f"{PATHS[k]:<22} {summary[k]}", soft_wrap=True, highlight=False,
+                      markup=False)
+
+
+def _still_running(con: Any, settings: Settings) -> dict[str, Any]:
+    """The demo leaves the embedded services up (a second demo, `make airflow` or `settle
+    status` reuse them): say so, where they listen, and how to stop them."""
+    if not settings.embedded_kafka or settings.pg_dsn is not None:
+        return {}  # external services: not the demo's to stop
+    left = {"postgres": f"127.0.0.1:{settings.pg_port}", "kafka": settings.bootstrap()}
+    con.print(f"Still running: embedded PostgreSQL on {left['postgres']} and Kafka on "
+              f"{left['kafka']} (data in {settings.state_dir}). Stop them with "
+              "[bold]make down[/] (or `settle services down`); `make airflow` reuses them.")
+    return left

@@ -107,3 +107,10 @@ def settlement_date(settings: Settings, trade_date: str | dt.date) -> dt.date:
     """The settlement date of ``trade_date`` under this deployment's cycle and calendar."""
     day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
     return SettlementCalendar.from_settings(settings).settlement_date(day)
+
+
+def latest_trading_day(name: str, today: dt.date) -> dt.date:
+    """The exchange's last session on or before ``today``: the day a demo trades (a weekend
+    or holiday has none; the DAG would never schedule it)."""
+    cal = exchange_calendar(name, today.year - 1)  # covers last year's sessions, for 1 January
+    return cal.date_to_session(today.isoformat(), direction="previous").date()

