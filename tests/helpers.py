@@ -67,8 +67,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def chromium(url: str, tmp: Path, screenshot: Path | None = None,
-             size: str = "1200,2400") -> str:
-    """Render a page in headless Chromium (Debian's package); return the rendered DOM."""
+             size: str = "1200,2400", window: bool = False) -> str:
+    """Render a page in headless Chromium (Debian's package); return the rendered DOM, laid
+    out in a window of ``size`` when ``window`` (else Chromium's default)."""
     import shutil
 
     exe = shutil.which("chromium")
@@ -78,7 +79,8 @@ def chromium(url: str, tmp: Path, screenshot: Path | None = None,
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([*base, f"--window-size={size}", f"--screenshot={screenshot}", url],
                        capture_output=True, timeout=120, check=True)
-    res = subprocess.run([*base, "--dump-dom", url], capture_output=True, text=True,
+    sized = [f"--window-size={size}"] if window else []
+    res = subprocess.run([*base, *sized, "--dump-dom", url], capture_output=True, text=True,
                          timeout=120, check=True)
     return res.stdout
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -62,6 +64,14 @@ def test_eod_validates_records_and_reports(separate_day, tmp_path: Path) -> None
     eff = f"{float(out['netting_efficiency']) * 100:.2f}%"
     assert f'data-kpi="netting efficiency">{eff}<' in dom
     assert "Kafka is reachable and holds the whole day" in dom
+    # Data Docs are links relative to the report file, and they lead to the run's pages.
+    docs = re.findall(r'<li>[^<]*: <a href="([^"]+)">', dom)
+    assert docs, "the report links no Data Docs page"
+    for href in docs:
+        assert not href.startswith("file:"), href
+        assert (Path(out["report_path"]).parent / unquote(href)).is_file(), href
+    # It fits a laptop's screen: nothing wider than a 1280-pixel window.
+    assert _page_width(Path(out["report_path"]), tmp_path, 1280) <= 1280
     assert "<svg" in dom and "site a" in dom and "site b" in dom
     # The steps' timings explain a slow day, in the report and in the run's record.
     assert "Step timings" in dom and facts["timings"]["read_seconds"] > 0
@@ -202,3 +212,20 @@ def test_union_of_site_ledgers_when_neither_is_complete(separate_day) -> None:
     # Each trade missing from one site is in the other: the union settles the whole day.
     assert out["trades"] == sim["trades"]
     assert out["duplicates_removed"] == sim["trades"] - 2
+
+
+def _page_width(report: Path, tmp: Path, window: int) -> int:
+    """The report's laid-out width in a ``window``-pixel Chromium window: a copy of the page
+    with a script that writes ``scrollWidth`` into the DOM (the report itself forbids
+    scripts, so the copy drops its CSP)."""
+    html = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", report.read_text())
+    probe = report.with_name("width-probe.html")
+    probe.write_text(html.replace("</body>", "<script>document.body.dataset.width = "
+                                  "document.documentElement.scrollWidth</script></body>"))
+    try:
+        dom = chromium(probe.as_uri(), tmp, size=f"{window},900", window=True)
+    finally:
+        probe.unlink()
+    found = re.search(r'data-width="(\d+)"', dom)
+    assert found, "the probe did not run"
+    return int(found.group(1))

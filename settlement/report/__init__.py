@@ -20,7 +20,7 @@ from settlement.config import Settings
 from settlement.db import connect, q
 from settlement.eod.model import Publication, SettlementResult, SourceChoice
 from settlement.report.facts import gather_facts
-from settlement.report.html import render_html
+from settlement.report.html import relative_docs, render_html
 from settlement.services.procs import write_private
 from settlement.validation.run import ValidationOutcome
 
@@ -67,7 +67,10 @@ def render_report(settings: Settings, report: PlannedReport) -> ReportFiles:
     """The report's files from its facts (rewriting them gives the same pages)."""
     settings.reports_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_private(report.files.json, json.dumps(report.facts, indent=2, default=str))
-    write_private(report.files.html, render_html(report.facts))
+    # The stored facts keep the Data Docs' file:// addresses (the served page shows them as
+    # text); the file on disk links them relative to itself.
+    write_private(report.files.html,
+                  render_html(relative_docs(report.facts, report.files.html.parent)))
     return report.files
 
 

@@ -8,9 +8,11 @@ page carries a Content-Security-Policy that forbids scripts outright.
 
 from __future__ import annotations
 
+import os
 from html import escape
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 # Inline CSS and SVG only: no script, no remote asset, no form, no frame.
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
@@ -23,11 +25,13 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;
 border-bottom:1px solid #d0d7de;padding-bottom:.3rem}
 .verdict{display:inline-block;padding:.35rem .8rem;border-radius:6px;font-weight:700}
 .pass{background:#dafbe1;color:#116329}.fail{background:#ffebe9;color:#a40e26}
-.kpis{display:grid;grid-template-columns:repeat(4,1fr);gap:.8rem;margin:1rem 0}
+.kpis{display:grid;grid-template-columns:repeat(auto-fit,minmax(11rem,1fr));gap:.8rem;
+margin:1rem 0}
 .kpi{border:1px solid #d0d7de;border-radius:6px;padding:.6rem .8rem}
 .kpi b{display:block;font-size:1.3rem}.kpi span{color:#57606a;font-size:.85rem}
 table{border-collapse:collapse;width:100%;margin:.5rem 0}
 th,td{border-bottom:1px solid #eaeef2;padding:.3rem .5rem;text-align:left}
+a,code,td,li{overflow-wrap:anywhere}svg{max-width:100%;height:auto}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
 .muted{color:#57606a}code{background:#f6f8fa;padding:0 .25rem;border-radius:3px}
 """
@@ -55,6 +59,27 @@ def safe_link(url: Any) -> str | None:
     if scheme in ("http", "https") or (not scheme and not text.startswith("//")):
         return url
     return None
+
+
+def relative_docs(facts: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The facts with their Data Docs addresses (``file://`` URLs, which a page may show but
+    never follow) as paths relative to ``base``, the folder of the report file: followable
+    links wherever the report is opened from disk. Other addresses are left as they are."""
+    v = facts.get("validation")
+    if not isinstance(v, dict):
+        return facts
+
+    def rel(url: Any) -> Any:
+        if isinstance(url, str) and url.startswith("file://"):
+            target = Path(unquote(urlsplit(url).path))
+            return quote(os.path.relpath(target, base))
+        return url
+
+    pages = v.get("data_docs_pages")
+    v = {**v, "data_docs": rel(v.get("data_docs")),
+         **({"data_docs_pages": {k: rel(u) for k, u in pages.items()}}
+            if isinstance(pages, dict) else {})}
+    return {**facts, "validation": v}
 
 
 def _link(url: str) -> str:
