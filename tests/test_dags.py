@@ -91,7 +91,7 @@ def test_eod_shape(dags: dict) -> None:
         # Both sites' schedulers run this: a settled date is skipped unless rerun is set.
         flag = args[args.index("--only-if-unsettled") + 1]
         assert flag == "{{ 'no' if params.rerun else 'yes' }}", flag
-        assert dag.get_task(f"settle_from_{source}").application.endswith("spark/submit.py")
+        assert dag.get_task(f"settle_from_{source}").application.endswith("settlement/submit.py")
         # A close may wait for the other site's close and then settle the day itself: Airflow
         # must not kill it before its own wait bound can say why (that bound once equalled
         # the timeout).
@@ -228,7 +228,7 @@ def test_eod_dag_settles_a_simulated_day(isolated, tmp_path: Path, airflow_db: N
 
     passwords = read_pgpass(isolated.settings.pg_passfile).values()
     texts = _airflow_texts()
-    assert any("spark/submit.py" in t for t in texts) and any(row[4] in t for t in texts)
+    assert any("settlement/submit.py" in t for t in texts) and any(row[4] in t for t in texts)
     assert not [t[:200] for t in texts if any(p in t for p in passwords)]
 
     # The ledger loses a trade; the rerun settles from Kafka, validation finds the trade

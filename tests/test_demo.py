@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from settlement.config import Settings
-from settlement.drills.demo import _print_summary, _still_running
+from settlement.demo import _print_summary, _still_running
 from settlement.instructions.calendar import latest_trading_day
 
 

@@ -36,7 +36,7 @@ def register(sub: Subparsers) -> None:
 def cmd_demo(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     import datetime as dt
 
-    from settlement.drills.demo import DemoOptions, run_demo
+    from settlement.demo import DemoOptions, run_demo
     from settlement.instructions.calendar import latest_trading_day
 
     # A day the exchange traded: today on a weekday session, else the last one before it.

@@ -38,7 +38,7 @@ SPARK_POOL_DESCRIPTION = "one Spark settlement job at a time"
 SETTLED_DAY_ASSET = "settled_trading_day"
 SETTLED_DAY_URI = "settlement://published_days"
 # The spark-submit application: a file, found next to this package (checkout or wheel).
-JOB = Path(__file__).resolve().parents[1] / "spark" / "submit.py"
+JOB = Path(__file__).resolve().parents[1] / "submit.py"
 
 
 def _pg_uri(dsn: str) -> str:

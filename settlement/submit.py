@@ -1,4 +1,4 @@
-"""spark-submit entry point of the end of day: ``spark-submit settlement/spark/submit.py
+"""spark-submit entry point of the end of day: ``spark-submit settlement/submit.py
 --date D --source kafka|db [--reason R] [--only-if-unsettled yes|no]`` (what Airflow's
 SparkSubmitOperator runs).
 
