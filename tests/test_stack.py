@@ -703,23 +703,20 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
         _the_admin_needs_its_certificate(certs, env)
         _site_a_key_reads_nothing_of_site_b(env)
 
-        drill = _make("stack-drill", "DATE=2026-03-02", "TRADES=20000", timeout=2400)
-        assert drill["site_killed"] == "site-a"
-        faults = json.loads(drill["gateway"])  # the day was faulty: replays, junk, aborts
-        assert faults["duplicates_injected"] > 0 and faults["malformed_injected"] > 0
-        assert faults["aborted_transactions"] > 0, faults
-        assert drill["lost"] == 0 and drill["duplicated"] == 0, drill
-        assert drill["dag_run_state"] == "success", drill
-        assert drill["published"] is True
-        assert drill["report_url"].startswith(up["airflow_url"] + "/settlement-reports/runs/")
-        _report_opens_with_a_login_only(secrets, drill["report_url"], "2026-03-02")
-
         # A whole site lost (issue 41): site A holds the primary, every container of it is
         # SIGKILLed mid-day; site B's consumer, database member and Airflow carry the day and
         # its close; site A comes back by itself as a replica and a follower.
         loss = _make("stack-drill", "FAULT=site-loss", "SITE=a", "DATE=2026-03-03",
                      "TRADES=5000", timeout=2400)
         _site_drill_passed(loss, "site-loss")
+        # The day was faulty (replays, junk, aborted transactions), and its audit report opens
+        # in Airflow with a login only. (A site's consumer alone killed, the plain
+        # `make stack-drill`, is what the soak below does to a random site each day.)
+        faults = json.loads(loss["gateway"])
+        assert faults["duplicates_injected"] > 0 and faults["malformed_injected"] > 0
+        assert faults["aborted_transactions"] > 0, faults
+        assert loss["report_url"].startswith(up["airflow_url"] + "/settlement-reports/runs/")
+        _report_opens_with_a_login_only(secrets, loss["report_url"], "2026-03-03")
         assert {"kafka-1", "postgres-a", "postgres-site-a", "site-a",
                 "airflow-scheduler-a", "airflow-apiserver-a"} <= set(loss["killed"]), loss
         assert loss["closed_by"] == "b", loss

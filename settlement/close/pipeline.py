@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -513,13 +513,80 @@ def begin_run(settings: Settings, trade_date: str, choice: SourceChoice, lease: 
     return run_id
 
 
+@dataclass
+class _Run:
+    """One close's state as its steps hand it on, and what its end must release."""
+
+    settings: Settings
+    trade_date: str
+    lease: Lease
+    choice: SourceChoice
+    run_id: int
+    say: Callable[[str], None]
+    summary: dict[str, Any]
+    timings: dict[str, float]
+    read: Any = None  # the day as read: released at the end
+    day: Any = None  # the deduplicated day: unpersisted at the end
+    validating: Future[ValidationOutcome] | None = None
+    validation_timings: dict[str, float] = field(default_factory=dict)  # its thread's
+    outcome: ValidationOutcome | None = None
+    finished: bool = False  # a finished run's row is append-only (migration 0007)
+
+
+@dataclass
+class _Output:
+    """What the publication step leaves for the files and the run's end."""
+
+    pub: Publication
+    published: Published | None = None
+    planned: PlannedReport | None = None
+    report: Any = None  # the report's files, once written
+    report_error: str | None = None
+    sent: dict[str, Any] | None = None
+    sent_error: str | None = None
+
+
 def _close(settings: Settings, trade_date: str, lease: Lease, source: str, validate: bool,
            reason: str | None, accept_incomplete: str | None,
            say: Callable[[str], None], hold: bool = False,
            origin: RunOrigin = RunOrigin()) -> dict[str, Any]:
+    """The close of a date whose lease this process holds, as its named steps; the crash
+    points (settlement.crashpoints) sit between them."""
+    t0 = time.perf_counter()
+    run, session, started, jvm = _begin(settings, trade_date, lease, source, reason, say,
+                                        origin, validate)
+    try:
+        result = _read_and_net(run, session, started, jvm, validate)
+        out = _Output(_verdict(run, result, accept_incomplete, hold))
+        _publish_step(run, result, out)
+        _derived_files(run, result, out)
+        if run.outcome is not None:
+            # Data Docs were built while the day was published and reported: a close ends
+            # with its pages written (an operator follows the report's link).
+            _timed(result.timings, "data_docs_wait", run.outcome.wait_for_docs)
+        result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
+        _record_end(run, result, out)
+        crash_point(settings.crash_at, "close.completed")
+    except Exception as e:
+        if not run.finished:
+            run.summary["timings"] = run.timings
+            # A close that took the date over may have recorded this run abandoned already:
+            # that record stands (and this close's own error is raised either way).
+            with contextlib.suppress(LeaseLost):
+                finish_run(settings, run.run_id, "failed", run.summary,
+                           error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        _release(run)
+    return run.summary
+
+
+def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
+           reason: str | None, say: Callable[[str], None], origin: RunOrigin,
+           validate: bool) -> tuple[_Run, Future[Any], dict[str, float], dict[str, object]]:
+    """Choose the source, start Spark's session in the background, record the run."""
     from settlement.spark.session import start_session
 
-    t0 = time.perf_counter()
     # What a cold process paid before this close began (the interpreter, the imports of the
     # CLI or spark-submit's driver, the lease): the fixed cost a small day is made of.
     timings: dict[str, float] = {"before_close_seconds": _since_process_start()}
@@ -538,191 +605,220 @@ def _close(settings: Settings, trade_date: str, lease: Lease, source: str, valid
     session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started,
                             day_rows=choice.day_rows(), jvm_info=jvm)
     imports_t0 = time.perf_counter()
-    from settlement.report import plan_report, render_report, write_report
-    from settlement.spark.io import read_day
-    from settlement.spark.settle import dedupe_day, net_day
-    from settlement.validation.day import (
-        ledger_figures_ahead,
-        record_validation,
-        validate_day,
-    )
-    from settlement.validation.run import discard_prepared, prepare_context
+    import settlement.report
+    import settlement.spark.io
+    import settlement.spark.settle
+    import settlement.validation.day
+    import settlement.validation.run
 
     timings["imports_seconds"] = round(time.perf_counter() - imports_t0, 3)
     run_id = begin_run(settings, trade_date, choice, lease, origin)
     crash_point(settings.crash_at, "close.run_started")
     say(f"run {run_id}: source {choice.source}: {choice.reason}")
-    summary: dict[str, Any] = {"run_id": run_id, **choice.as_dict()}
-    read = day = settled = None
-    validating: Future[ValidationOutcome] | None = None
-    validation_timings: dict[str, float] = {}  # timed in the validation's thread
-    outcome: ValidationOutcome | None = None
-    finished = False  # a finished run's row is append-only (migration 0007)
     if validate:
-        prepare_context(settings)  # in a thread; the validation step takes it
+        settlement.validation.run.prepare_context(settings)  # in a thread; validation takes it
+    run = _Run(settings, trade_date, lease, choice, run_id, say,
+               {"run_id": run_id, **choice.as_dict()}, timings)
+    return run, session, started, jvm
+
+
+def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
+                  jvm: dict[str, object], validate: bool) -> SettlementResult:
+    """Read the day once, deduplicate it, net it (validating beside the netting), and stage
+    the results in the run_* tables."""
+    from settlement.spark.io import read_day
+    from settlement.spark.settle import dedupe_day, net_day
+    from settlement.validation.day import ledger_figures_ahead, validate_day
+
+    settings, trade_date, choice, lease, say = (run.settings, run.trade_date, run.choice,
+                                                run.lease, run.say)
+    # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while Spark
+    # reads and nets the day.
+    ahead = ledger_figures_ahead(settings, choice, trade_date) if validate else {}
+    say("starting Spark")
+    # What is left of the session's start once the steps above are done.
+    spark = _timed(run.timings, "session", session.result)
+    run.timings.update(started)
+    run.summary["jvm"] = jvm
+    # Between steps: a close whose renewal found the lease lost stops here, not after
+    # computing a day it may not publish.
+    lease.ensure_held()
+    say(f"reading the day from {choice.source}")
+    read = run.read = _timed(run.timings, "read",
+                             lambda: read_day(spark, settings, choice, trade_date))
+    run.summary["read_by"] = read.read_by
+    lease.ensure_held()
+    say("settling (dedupe and netting)")
+    settle_t0 = time.perf_counter()
+    day = run.day = dedupe_day(read)
+    positions: Future[list[Position]] = Future()
+    if validate:
+        # The suites run while the day is netted: they need the deduplicated day, and only
+        # the last (the invariants) the positions, which it waits for. On two cores GX's
+        # Python and the suites' queries fill what netting leaves idle (its jobs' planning,
+        # its single-task stages).
+        lease.ensure_held()
+        say("validating (Great Expectations) while netting")
+        run.validating = _in_thread("validation", lambda: _timed(
+            run.validation_timings, "validate", lambda: validate_day(
+                settings, spark, trade_date, choice, read, day.trades, positions.result,
+                ahead, final=day.final, docs_in_background=True)))
     try:
-        # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while
-        # Spark reads and nets the day.
-        ahead = ledger_figures_ahead(settings, choice, trade_date) if validate else {}
-        say("starting Spark")
-        # What is left of the session's start once the steps above are done.
-        spark = _timed(timings, "session", session.result)
-        timings.update(started)
-        summary["jvm"] = jvm
-        # Between steps: a close whose renewal found the lease lost stops here, not after
-        # computing a day it may not publish.
-        lease.ensure_held()
-        say(f"reading the day from {choice.source}")
-        read = _timed(timings, "read", lambda: read_day(spark, settings, choice, trade_date))
-        summary["read_by"] = read.read_by
-        lease.ensure_held()
-        say("settling (dedupe and netting)")
-        settle_t0 = time.perf_counter()
-        day = dedupe_day(read)
-        positions: Future[list[Position]] = Future()
-        if validate:
-            # The suites run while the day is netted: they need the deduplicated day, and
-            # only the last (the invariants) the positions, which it waits for. On two cores
-            # GX's Python and the suites' queries fill what netting leaves idle (its jobs'
-            # planning, its single-task stages).
-            lease.ensure_held()
-            say("validating (Great Expectations) while netting")
-            validating = _in_thread("validation", lambda: _timed(
-                validation_timings, "validate", lambda: validate_day(
-                    settings, spark, trade_date, choice, read, day.trades, positions.result,
-                    ahead, final=day.final, docs_in_background=True)))
-        try:
-            settled = net_day(day, read, trade_date, choice.source)
-        except BaseException as e:
-            positions.set_exception(e)
-            raise
-        positions.set_result(settled.result.positions)
-        timings["settle_seconds"] = round(time.perf_counter() - settle_t0, 3)
-        lease.ensure_held()
-        result = settled.result
-        result.timings = {**timings, **result.timings}
-        _timed(result.timings, "stage", lambda: stage_results(settings, run_id, result))
-        crash_point(settings.crash_at, "close.staged")
-        if validating is not None:
-            lease.ensure_held()
-            outcome = _timed(result.timings, "validate_wait", validating.result)
-            validating = None
-            # The suites' own time, from the day's dedupe (most of it beside the netting).
-            result.timings.update(validation_timings)
-        pub = decide_publication(outcome, accept_incomplete)
-        if hold and pub.published:
-            pub = Publication(False, None, "validation passed: held for an operator's approval "
-                              "(not published yet)", held=True)
-        crash_point(settings.crash_at, "close.validated")
-        say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
-        published: Published | None = None
-        planned: PlannedReport | None = None
-        report, report_error = None, None
-        if pub.published and outcome is not None:
-            try:
-                planned = plan_report(settings, run_id, trade_date, choice, result, outcome,
-                                      pub)
-            except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
-                report_error = redact(f"the audit report was not written: "
-                                      f"{type(e).__name__}: {e}")
-                say(report_error)
-            record = RunRecord({**summary, **result.summary()}, outcome.as_dict(),
-                               outcome.success, planned)
-            try:
-                published = _timed(result.timings, "publish", lambda: publish(
-                    settings, run_id, trade_date, pub.accepted_incomplete, lease, record))
-                finished = True  # the run's end and verdict committed with the day
-            except Superseded as e:
-                pub = Publication(False, None, f"not published: {e}; this run's results "
-                                  "are kept in the run_* tables", superseded_by=e.newer_run)
-                say(pub.note)
-        sent, sent_error = None, None
-        if published is not None:
-            sent, sent_error = _instruction_files(settings, published, result.timings, say)
-            crash_point(settings.crash_at, "close.instruction_files")
-            if planned is not None:
-                say("writing the audit report")
-                try:
-                    report = _timed(result.timings, "report",
-                                    lambda: render_report(settings, planned))
-                except Exception as e:  # noqa: BLE001 - its facts are committed
-                    report_error = redact(f"the audit report's files were not written: "
-                                          f"{type(e).__name__}: {e}")
-                    say(report_error)
-            crash_point(settings.crash_at, "close.report_files")
-        elif outcome is not None:
+        settled = net_day(day, read, trade_date, choice.source)
+    except BaseException as e:
+        positions.set_exception(e)
+        raise
+    positions.set_result(settled.result.positions)
+    run.timings["settle_seconds"] = round(time.perf_counter() - settle_t0, 3)
+    lease.ensure_held()
+    result = settled.result
+    result.timings = {**run.timings, **result.timings}
+    _timed(result.timings, "stage", lambda: stage_results(settings, run.run_id, result))
+    crash_point(settings.crash_at, "close.staged")
+    return result
+
+
+def _verdict(run: _Run, result: SettlementResult, accept_incomplete: str | None,
+             hold: bool) -> Publication:
+    """The validation's outcome, and whether the day is published on it."""
+    if run.validating is not None:
+        run.lease.ensure_held()
+        run.outcome = _timed(result.timings, "validate_wait", run.validating.result)
+        run.validating = None
+        # The suites' own time, from the day's dedupe (most of it beside the netting).
+        result.timings.update(run.validation_timings)
+    pub = decide_publication(run.outcome, accept_incomplete)
+    if hold and pub.published:
+        pub = Publication(False, None, "validation passed: held for an operator's approval "
+                          "(not published yet)", held=True)
+    crash_point(run.settings.crash_at, "close.validated")
+    run.say(f"publishing: {pub.note}" if pub.published else f"not publishing: {pub.note}")
+    return pub
+
+
+def _publish_step(run: _Run, result: SettlementResult, out: _Output) -> None:
+    """The commit point: the day's rows, the run's end and verdict, its version, the
+    instruction set and the report's facts, in one fenced transaction."""
+    from settlement.report import plan_report
+
+    outcome = run.outcome
+    if not (out.pub.published and outcome is not None):
+        return
+    try:
+        out.planned = plan_report(run.settings, run.run_id, run.trade_date, run.choice,
+                                  result, outcome, out.pub)
+    except Exception as e:  # noqa: BLE001 - the day's verdict stands without it
+        out.report_error = redact(f"the audit report was not written: "
+                                  f"{type(e).__name__}: {e}")
+        run.say(out.report_error)
+    record = RunRecord({**run.summary, **result.summary()}, outcome.as_dict(),
+                       outcome.success, out.planned)
+    try:
+        out.published = _timed(result.timings, "publish", lambda: publish(
+            run.settings, run.run_id, run.trade_date, out.pub.accepted_incomplete, run.lease,
+            record))
+        run.finished = True  # the run's end and verdict committed with the day
+    except Superseded as e:
+        out.pub = Publication(False, None, f"not published: {e}; this run's results are "
+                              "kept in the run_* tables", superseded_by=e.newer_run)
+        run.say(out.pub.note)
+
+
+def _derived_files(run: _Run, result: SettlementResult, out: _Output) -> None:
+    """The files derived from what was committed (instructions, the report), or the report
+    of a day that was not published."""
+    from settlement.report import render_report, write_report
+
+    settings, say = run.settings, run.say
+    if out.published is not None:
+        out.sent, out.sent_error = _instruction_files(settings, out.published, result.timings,
+                                                      say)
+        crash_point(settings.crash_at, "close.instruction_files")
+        planned_report = out.planned
+        if planned_report is not None:
             say("writing the audit report")
             try:
-                report = _timed(result.timings, "report", lambda: write_report(
-                    settings, run_id, trade_date, choice, result, outcome, pub, None))
-            except Exception as e:  # noqa: BLE001 - the run's verdict stands without it
-                report_error = redact(f"the audit report was not written: "
+                out.report = _timed(result.timings, "report",
+                                    lambda: render_report(settings, planned_report))
+            except Exception as e:  # noqa: BLE001 - its facts are committed
+                out.report_error = redact(f"the audit report's files were not written: "
+                                          f"{type(e).__name__}: {e}")
+                say(out.report_error)
+        crash_point(settings.crash_at, "close.report_files")
+    elif run.outcome is not None:
+        outcome = run.outcome
+        say("writing the audit report")
+        try:
+            out.report = _timed(result.timings, "report", lambda: write_report(
+                settings, run.run_id, run.trade_date, run.choice, result, outcome, out.pub,
+                None))
+        except Exception as e:  # noqa: BLE001 - the run's verdict stands without it
+            out.report_error = redact(f"the audit report was not written: "
                                       f"{type(e).__name__}: {e}")
-                say(report_error)
+            say(out.report_error)
+
+
+def _record_end(run: _Run, result: SettlementResult, out: _Output) -> None:
+    """The run's summary, and its end recorded (completed after a publication, which
+    committed its end already; finished with its verdict otherwise)."""
+    from settlement.validation.day import record_validation
+
+    settings, summary, pub, outcome = run.settings, run.summary, out.pub, run.outcome
+    summary.update(result.summary())
+    summary.update({"published": pub.published, "publication": pub.note,
+                    "accepted_incomplete": pub.accepted_incomplete,
+                    "version": None if out.published is None else out.published.version})
+    if pub.held:
+        summary["held_for_approval"] = True
+        summary["delta"] = delta_size(settings, run.run_id, run.trade_date)
+    # A superseded run did its work correctly: a newer run of the date simply won.
+    status = ("failed" if outcome is not None and not pub.published
+              and pub.superseded_by is None and not pub.held else "succeeded")
+    error = None if status == "succeeded" else pub.note
+    for key, why in (("instructions_error", out.sent_error),
+                     ("report_error", out.report_error)):
+        if why is not None:
+            error = f"{error}; {why}" if error else why
+            summary[key] = why
+    if out.sent is not None:
+        summary["settlement_date"] = out.sent["settlement_date"]
+        summary["instructions"] = out.sent
+    if out.published is not None:
+        complete_run(settings, run.run_id, result.timings, error)
+    else:
+        finish_run(settings, run.run_id, status, summary, error=error)
+        run.finished = True
         if outcome is not None:
-            # Data Docs were built while the day was published and reported: a close ends
-            # with its pages written (an operator follows the report's link).
-            _timed(result.timings, "data_docs_wait", outcome.wait_for_docs)
-        result.timings["total_seconds"] = round(time.perf_counter() - t0, 3)
-        summary.update(result.summary())
-        summary.update({"published": pub.published, "publication": pub.note,
-                        "accepted_incomplete": pub.accepted_incomplete,
-                        "version": None if published is None else published.version})
+            record_validation(settings, run.run_id, outcome,
+                              None if out.report is None else str(out.report.html))
         if pub.held:
-            summary["held_for_approval"] = True
-            summary["delta"] = delta_size(settings, run_id, trade_date)
-        # A superseded run did its work correctly: a newer run of the date simply won.
-        status = ("failed" if outcome is not None and not pub.published
-                  and pub.superseded_by is None and not pub.held else "succeeded")
-        error = None if status == "succeeded" else pub.note
-        for key, why in (("instructions_error", sent_error), ("report_error", report_error)):
-            if why is not None:
-                error = f"{error}; {why}" if error else why
-                summary[key] = why
-        if sent is not None:
-            summary["settlement_date"] = sent["settlement_date"]
-            summary["instructions"] = sent
-        if published is not None:
-            complete_run(settings, run_id, result.timings, error)
-        else:
-            finish_run(settings, run_id, status, summary, error=error)
-            finished = True
-            if outcome is not None:
-                record_validation(settings, run_id, outcome,
-                                  None if report is None else str(report.html))
-            if pub.held:
-                crash_point(settings.crash_at, "reclose.held")
-        summary["status"] = status
-        if outcome is not None:
-            summary.update({"validation_success": outcome.success,
-                            "validation": outcome.as_dict()})
-        if report is not None:
-            summary.update({"report_path": str(report.html), "report_json": str(report.json)})
-        crash_point(settings.crash_at, "close.completed")
-    except Exception as e:
-        if not finished:
-            summary["timings"] = timings
-            # A close that took the date over may have recorded this run abandoned already:
-            # that record stands (and this close's own error is raised either way).
-            with contextlib.suppress(LeaseLost):
-                finish_run(settings, run_id, "failed", summary,
-                           error=f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        if validating is not None:
-            # A close that failed while validating: its suites end before the day they
-            # query is released (the invariants' wait for positions fails at once).
-            with contextlib.suppress(BaseException):
-                outcome = validating.result()
-        if outcome is not None:  # a close that failed after validating: no pages left behind
-            with contextlib.suppress(Exception):
-                outcome.wait_for_docs()
-        discard_prepared(settings)  # one it did not take is this close's only
-        if day is not None:
-            day.trades.unpersist()
-        if read is not None:
-            read.release()
-    return summary
+            crash_point(settings.crash_at, "reclose.held")
+    summary["status"] = status
+    if outcome is not None:
+        summary.update({"validation_success": outcome.success,
+                        "validation": outcome.as_dict()})
+    if out.report is not None:
+        summary.update({"report_path": str(out.report.html),
+                        "report_json": str(out.report.json)})
+
+
+def _release(run: _Run) -> None:
+    """What a close holds, let go whatever happened."""
+    from settlement.validation.run import discard_prepared
+
+    if run.validating is not None:
+        # A close that failed while validating: its suites end before the day they query
+        # is released (the invariants' wait for positions fails at once).
+        with contextlib.suppress(BaseException):
+            run.outcome = run.validating.result()
+    if run.outcome is not None:  # a close that failed after validating: no pages left behind
+        with contextlib.suppress(Exception):
+            run.outcome.wait_for_docs()
+    discard_prepared(run.settings)  # one it did not take is this close's only
+    if run.day is not None:
+        run.day.trades.unpersist()
+    if run.read is not None:
+        run.read.release()
 
 
 def _instruction_files(settings: Settings, published: Published,

@@ -39,7 +39,7 @@ from settlement.drills.checker import (
 from settlement.errors import ServiceError
 from settlement.stack import sites
 from settlement.stack.airflow_api import AirflowApi
-from settlement.stack.compose import Stack, airflow_api
+from settlement.stack.compose import Stack, airflow_api, read_secrets
 from settlement.stack.drill import DAG, publish_day, stack_settings
 from settlement.stack.engine import Log
 from settlement.stack.monitoring import AlertWatch, monitoring, wait_alert_quiet
@@ -247,8 +247,12 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
         f"{alerted.for_s} s), in Alertmanager after {alerted.notified_s} s, resolved "
         f"{alerted.resolved_s} s after the restart")
     verdict = judge(settings, trade_date)
+    published = verdict["published_run_id"]
+    # The day's audit report, on site A's Airflow (back by now) like any report.
+    base = read_secrets(stack)["airflow_url"]
     return {
         "fault": "site-loss", "site_lost": site, "trade_date": trade_date, **verdict,
+        "report_url": f"{base}/settlement-reports/runs/{published}" if published else None,
         "dag_run_id": run_id, "dag_run_state": state, "close_s": close_s,
         "settlement_primary_initially": before,
         "settlement_primary_before": primary_before,
