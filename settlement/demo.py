@@ -195,7 +195,7 @@ def _print_summary(con: Any, summary: dict[str, Any]) -> None:
     # copy keeps it one path), never cut with "…" by a table cell.
     for k in PATHS:
         if summary.get(k):
-            con.print(f"{PATHS[k]:<22} {summary[k]}", soft_wrap=True, highlight=False,
+            con.print(f"{PATHS[k]:<25} {summary[k]}", soft_wrap=True, highlight=False,
                       markup=False)
 
 
