@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -634,20 +635,26 @@ def _partition_passed(result: dict[str, Any]) -> None:
     assert result["passed"] is True, result
 
 
+STEPS: list[tuple[str, int]] = []  # (make arguments, seconds) of the scenario's steps
+
+
 def _make(*args: str, timeout: float) -> dict:
     started = time.monotonic()
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout, check=False)
     sys.stderr.write(proc.stderr[-4000:])
-    # Each step's time in CI's log: where the stack phase's half hour goes.
-    sys.stderr.write(f"\nmake {' '.join(args)}: {time.monotonic() - started:.0f} s\n")
+    # Each step's time in CI's log and the junit file: where the stack phase's half hour goes.
+    seconds = round(time.monotonic() - started)
+    STEPS.append((" ".join(args), seconds))
+    sys.stderr.write(f"\nmake {' '.join(args)}: {seconds} s\n")
     assert proc.returncode == 0, f"make {' '.join(args)}: {proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.stack
 @pytest.mark.services
-def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
+def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
+        record_testsuite_property: Callable[[str, object], None]) -> None:
     if os.geteuid() != 0:
         pytest.fail("the stack scenario starts Docker's engine and needs root (CI runs as "
                     "root); run `make test` as root")
@@ -765,6 +772,8 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed() -> None:
             assert day["site_killed"] in ("site-a", "site-b")
     finally:
         down = _make("stack-down", timeout=600)
+        for step, seconds in STEPS:
+            record_testsuite_property(f"seconds: make {step}", seconds)
     assert down["removed"] is True
 
 
