@@ -59,9 +59,7 @@ def configuration_page() -> str:
         title = (group.__doc__ or group.__name__).strip().rstrip(".")
         lines += [f"## {title}", "", "| Variable | Type | Default | Meaning |",
                   "|---|---|---|---|"]
-        for name, field in group.model_fields.items():
-            if name not in group.__annotations__:
-                continue  # a group lists only its own values
+        for name, field in group.model_fields.items():  # a group holds only its own values
             meaning = (field.description or "").replace("|", "\\|")
             lines.append(f"| `SETTLE_{name.upper()}` | {_type_name(field.annotation)} | "
                          f"{_default(field)} | {meaning} |")
