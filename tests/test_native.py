@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType
+from pyspark.sql.types import BinaryType, BooleanType
 
 from consumers.parse import Malformed, _is_date, decode, fast_trade, trade_values
 from settlement import contract as C
@@ -62,11 +62,14 @@ def native_partitions(session: SparkSession, msgs: Sequence[Message],
 
 def jvm_partitions(session: SparkSession, msgs: Sequence[Message],
                    max_bytes: int = MAX_BYTES) -> set[int]:
-    """The Kafka partitions the JVM classifier kept (did not leave to the worker)."""
+    """The Kafka partitions the JVM classifier kept: read once, their deferred messages
+    decided in the driver (not given back to the Python worker whole)."""
     frame = stage(session.createDataFrame(_rows(msgs), RAW_SCHEMA).coalesce(1))
     verdicts = jvmclassify.classify_jvm(frame, max_bytes).persist()
     try:
-        return {p for p, _, _ in msgs} - set(jvmclassify.fallback_partitions(verdicts))
+        given = jvmclassify.resolve_deferred(verdicts, max_bytes, lambda parts: session
+                                             .createDataFrame([], CLASSIFIED_SCHEMA)).workers
+        return {p for p, _, _ in msgs} - set(given)
     finally:
         verdicts.unpersist()
 
@@ -104,8 +107,9 @@ def assert_parity(session: SparkSession, msgs: Sequence[Message], min_native: in
         assert not diffs, f"{len(diffs)} of {len(msgs)} differ:\n" + "\n".join(diffs[:10])
     took = native_partitions(session, msgs, max_bytes)
     assert len(took) >= min_native, f"only partitions {sorted(took)} were native"
-    # The two classifiers in the JVM take the same partitions from the worker.
-    assert jvm_partitions(session, msgs, max_bytes) == took
+    # The compiled classifier keeps every partition Spark's expressions take whole, and more:
+    # those whose unusual messages it defers without their changing its state.
+    assert jvm_partitions(session, msgs, max_bytes) >= took
 
 
 # -- hostile near-canonical values ------------------------------------------------------------
@@ -331,6 +335,9 @@ def test_several_days_with_replays_late_trades_and_markers(spark: SparkSession  
                                                            ) -> None:
     log = day_log()
     assert native_partitions(spark, log) == {0, 1, 4}
+    # The cancel on partition 2 is deferred and decided with its trade; partition 3's valid
+    # non-canonical trade is one the JVM did not keep, so that partition goes back whole.
+    assert jvm_partitions(spark, log) == {0, 1, 2, 4}
     assert_parity(spark, log, min_native=3)
     rows = classify_kafka_values(spark.createDataFrame(_rows(log), RAW_SCHEMA).coalesce(1),
                                  MAX_BYTES, native=True).where("kafka_partition = 0").collect()
@@ -341,6 +348,103 @@ def test_several_days_with_replays_late_trades_and_markers(spark: SparkSession  
                               "conflicting replay of trade 'T000005'",
                               'conflicting replay of trade "it\'s"', "late", "late", "late"])
     assert sum(r["_dup"] for r in rows) == 3
+
+
+def _cancel(n: int, seq: int, day: str = D1) -> bytes:
+    return json.dumps({"trade_id": f"T{n:06d}", "trade_date": day, "seq": seq,
+                       "reason": "bust"}, separators=(",", ":")).encode()
+
+
+def _correct(n: int, seq: int, version: int, day: str = D1, **change: Any) -> bytes:
+    obj = json.loads(_t(n, day, seq=seq, **change))
+    return json.dumps({**obj, "version": version}, separators=(",", ":")).encode()
+
+
+def _amended(day: str, p: int, last_seq: int, k: int) -> bytes:
+    return json.dumps({"trade_date": day, "partition": p, "last_seq": last_seq, "amended": k},
+                      separators=(",", ":")).encode()
+
+
+CANCEL_H, CORRECT_H = C.CANCEL.encode(), C.CORRECT.encode()
+
+
+def dirty_log() -> list[Message]:
+    """Days as exchanges send them: plain trades with, among them, amendments in every
+    state (accepted, replayed, conflicting, of an unknown trade, of another date, after a
+    cancel, a version not above the current one, held after the close and decided by an
+    amended close marker or left late), malformed values, and non-canonical copies of trades
+    the JVM kept (an equal one, a conflicting one, a late one). Partitions 0-2 keep their
+    state whatever the deferred messages say, so the JVM keeps them; partition 3's deferred
+    trade is a first copy and partition 4's deferred close a plain marker: back whole."""
+    spaced = {"separators": (", ", ": ")}
+    log: list[Message] = []
+    for p in range(5):
+        log += [(p, _t(100 * p + n), TRADE_H) for n in range(1, 9)]
+    log += [
+        (0, _cancel(1, 9), CANCEL_H),  # accepted
+        (0, _cancel(1, 9), CANCEL_H),  # its replay
+        (0, _correct(1, 10, 2), CORRECT_H),  # the trade is cancelled
+        (0, _correct(2, 10, 2, quantity=7), CORRECT_H),  # accepted
+        (0, _correct(2, 10, 2, quantity=8), CORRECT_H),  # conflicting replay
+        (0, _correct(2, 11, 2, quantity=7), CORRECT_H),  # version not above
+        (0, _correct(3, 12, 3, price="1.5"), CORRECT_H),  # version 3 straight away
+        (0, _cancel(999, 13), CANCEL_H),  # unknown trade
+        (0, _cancel(4, 14, D2), CANCEL_H),  # another date than its trade's
+        (0, b"{not json", TRADE_H),
+        (0, None, TRADE_H),
+        (0, _t(5)[:-1] + b',"extra":1}', TRADE_H),
+        (0, b'{"trade_date":"2026-11-23"}', C.CLOSE.encode()),  # a marker without fields
+        (0, _t(9), TRADE_H),
+        (0, _cancel(9, 15), CANCEL_H),  # the trade after the malformed ones
+        (0, json.dumps(json.loads(_t(6)), **spaced).encode(), TRADE_H),  # an equal copy
+        (0, json.dumps(json.loads(_t(7, quantity=5)), **spaced).encode(), TRADE_H),  # conflict
+        (0, _t(8), b"fix"),  # an unknown type
+        (1, _m(D1, 1, 8), CLOSE_H),
+        (1, _cancel(101, 9), CANCEL_H),  # after the close: held, then covered
+        (1, _correct(102, 10, 2), CORRECT_H),  # held, then covered
+        (1, _cancel(103, 11), CANCEL_H),  # held, not covered: late
+        (1, _amended(D1, 1, 10, 1), CLOSE_H),
+        (1, _amended(D1, 1, 10, 1), CLOSE_H),  # its replay
+        (1, _amended(D1, 1, 9, 3), CLOSE_H),  # out of order
+        (1, json.dumps(json.loads(_t(104)), **spaced).encode(), TRADE_H),  # late copy
+        (1, _t(105, D2), TRADE_H),
+        (2, _cancel(201, 9, D1), CANCEL_H),
+        (2, _cancel(201, 9, D1)[:-1] + b" ", CANCEL_H),  # truncated
+        (2, _amended(D1, 2, 9, 1), CLOSE_H),  # the day is not closed here
+        (2, _m(D1, 2, 9), CLOSE_H),
+        (2, _t(209), TRADE_H),  # late
+        (3, json.dumps(json.loads(_t(309)), **spaced).encode(), TRADE_H),  # kept first here
+        (3, _t(309), TRADE_H),  # so the JVM's verdict on this one would be wrong
+        # A plain marker with its fields in another order: the JVM did not see it close the day.
+        (4, json.dumps({"partition": 4, "trade_date": D1, "last_seq": 8}).encode(), CLOSE_H),
+        (4, _t(409), TRADE_H),  # late, which the JVM cannot know
+    ]
+    return log
+
+
+def test_dirty_partitions_are_kept_by_the_jvm_with_the_python_verdicts(
+        spark: SparkSession) -> None:  # noqa: F811
+    """Issue 61: a partition with amendments and malformed values is read once by the JVM,
+    its unusual messages decided by the Python classifier with the state they need; only a
+    deferred message that changes that state gives its partition back."""
+    log = dirty_log()
+    diffs = differences(spark, log, mode="jvm")
+    assert not diffs, f"{len(diffs)} of {len(log)} differ:\n" + "\n".join(diffs[:10])
+    assert jvm_partitions(spark, log) == {0, 1, 2}
+    assert not native_partitions(spark, log) & {0, 1, 2, 3}
+    rows = classify_kafka_values(spark.createDataFrame(_rows(log), RAW_SCHEMA).coalesce(1),
+                                 MAX_BYTES, jvm=True, cache=lambda df: df.persist()).collect()
+    by = {(r["kafka_partition"], r["kafka_offset"]): r for r in rows}
+    # The verdicts the deferral must get right, spelled out (not only equal to Python's).
+    assert by[0, 8]["reason"] is None and by[0, 9]["_dup"]  # a cancel and its replay
+    assert "cancelled" in by[0, 10]["reason"]
+    assert "unknown trade" in by[0, 15]["reason"]
+    assert by[0, 23]["_dup"] and by[0, 23]["reason"] is None  # the equal spaced copy
+    assert by[0, 24]["reason"].startswith("conflicting replay of trade 'T000007'")
+    assert by[1, 9]["reason"] is None and by[1, 10]["reason"] is None  # covered
+    assert by[1, 11]["reason"].startswith("late")
+    assert by[1, 15]["reason"].startswith("late")
+    assert by[4, 9]["reason"].startswith("late")
 
 
 def test_the_size_limit_sends_a_value_to_the_python_classifier(spark: SparkSession  # noqa: F811
@@ -370,12 +474,13 @@ def test_a_looser_pattern_fails_the_parity_check(spark: SparkSession,  # noqa: F
 def test_the_compiled_classifier_gives_the_classified_schema(spark: SparkSession  # noqa: F811
                                                               ) -> None:
     """The Java rows are built in Spark's internal form: their schema is the Python
-    classifier's, column for column, and ``_fallback``."""
+    classifier's, column for column, then ``_fallback``, ``_deferred`` and ``_type``."""
     frame = stage(spark.createDataFrame(_rows([(0, BASE, TRADE_H)]), RAW_SCHEMA))
     got = jvmclassify.classify_jvm(frame, MAX_BYTES)
     assert [(f.name, f.dataType) for f in got.schema.fields] == [
-        *((f.name, f.dataType) for f in CLASSIFIED_SCHEMA.fields), ("_fallback", BooleanType())]
-    assert got.where("not _fallback").count() == 1
+        *((f.name, f.dataType) for f in CLASSIFIED_SCHEMA.fields), ("_fallback", BooleanType()),
+        ("_deferred", BooleanType()), ("_type", BinaryType())]
+    assert got.where("not _fallback and not _deferred").count() == 1
 
 
 def test_the_capture_pattern_is_the_trade_pattern_with_groups() -> None:

@@ -234,21 +234,14 @@ def _worker_errors() -> Iterator[None]:
 def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[int, int]],
               trade_date: str, offsets: int) -> DayRead:
     """The ranges read with the Java client and classified in the JVM
-    (settlement.spark.jvmclassify), one task per partition. A partition the JVM leaves to the
-    worker (an amendment, an unusual value) is read again and classified by the Python
-    workers, that partition alone."""
+    (settlement.spark.jvmclassify), one task per partition. The messages the JVM defers (an
+    amendment, an unusual value) are decided by the Python classifier in the driver; a
+    partition it gives back is read again and classified by the Python workers, alone."""
     consumer = {k.removeprefix("kafka."): v for k, v in kafka_options(settings).items()
                 if k.startswith("kafka.")}
     verdicts = persist_sized(spark, jvmclassify.classify_jvm_ranges(
         spark, consumer, settings.topic, ranges, settings.max_message_bytes,
         kafkaread.IDLE_TIMEOUT), offsets, VERDICT_ROW_BYTES)
-    try:  # the pass where Kafka is read
-        left = jvmclassify.fallback_partitions(verdicts)
-    except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
-        error = kafkaread.worker_error(str(e))
-        if error is None:
-            raise
-        raise error from None
     cached = [verdicts]
 
     def python(parts: list[int]) -> DataFrame:
@@ -259,10 +252,15 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
                                     VERDICT_ROW_BYTES))
         return cached[-1]
 
-    classified = jvmclassify.with_fallback(verdicts, left, python)
+    try:  # its first pass is where Kafka is read
+        resolved = jvmclassify.resolve_deferred(verdicts, settings.max_message_bytes, python)
+    except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
+        error = kafkaread.worker_error(str(e))
+        if error is None:
+            raise
+        raise error from None
     with _worker_errors():
-        return _kafka_read(spark, classified, cached, trade_date,
-                           "jvm" if not left else f"jvm, workers for partitions {left}")
+        return _kafka_read(spark, resolved.rows, cached, trade_date, resolved.read_by)
 
 
 def kafka_source(spark: SparkSession, settings: Settings,

@@ -16,10 +16,21 @@ generated from the contract, so it is strict where the contract is lenient), its
 its row hashed as the worker hashes it (``settlement.spark.rowhash``), and its copies and
 late trades decided with the worker's rules and wording (``consumers.parse``).
 
-A Kafka partition holding anything else (an amendment, an amended close, a value the pattern
-does not vouch for, a value over the size limit) is the Python worker's, whole, since its
-state spans the partition: the Java task emits one ``_fallback`` row for it and skips the
-rest, and the caller classifies that partition again by the worker (``with_fallback``).
+A message the patterns do not vouch for (an amendment, an amended close, a malformed or unusual
+value: a few per partition on the days exchanges send) is deferred: the Java task emits it
+with its value and type header and goes on, its partition's state untouched. The deferred
+messages are then decided in the driver by the Python classifier itself (``resolve_deferred``),
+run over them and the JVM's rows they depend on (the first kept copy of each trade id they
+name, rebuilt as canonical text, and the partition's kept close markers), in offset order: an
+amendment finds its trade, a late amendment its amended close, a non-canonical copy the copy
+it repeats or conflicts with, as in the whole partition. Only a deferred message that changes
+what the messages after it were classified with (a valid trade the JVM did not keep, a plain
+close marker it did not see) gives its partition back to the Python worker, read again whole;
+so does a partition with more than ``DEFER_LIMIT`` deferred messages. Why it is exact: the
+Python classifier's verdict on a message depends on the partition's messages before it only
+through the trades kept per id, the close markers kept per date and the amendments and amended
+closes (all deferred); the first two are the JVM rows handed to it, and no deferred message
+that could change them is left standing.
 ``tests/test_native.py`` holds the two classifiers to the same row for every message.
 
 The jar is built by ``make setup`` (``javac`` against Spark's own jars and the Kafka client
@@ -29,23 +40,38 @@ the connector step fetched); a close without it reads with the workers as before
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from consumers.parse import conflict_reason, late_reason, marker_conflict_reason
+from consumers.parse import (
+    Malformed,
+    close_marker,
+    conflict_reason,
+    decode,
+    late_reason,
+    marker_conflict_reason,
+)
 from settlement.contract import (
+    CLOSE,
+    CLOSE_FIELDS,
     CLOSE_LAST_SEQ,
     MISSING_TYPE_MEANS,
     QUANTITY,
     SEQ,
+    TRADE,
+    TRADE_FIELDS,
     TYPE_HEADER,
 )
 from settlement.spark.canonical import CLOSE_PATTERN, TRADE_CAPTURE, anchored
+from settlement.spark.worker import classify_arrow
 
 JAR_NAME = "settle-classifier.jar"
 CLASS = "settle.KafkaClassifier"
@@ -53,6 +79,15 @@ CLASS = "settle.KafkaClassifier"
 # Sentinel arguments the reasons are worded with, and the tokens the Java side replaces.
 _DAY, _ID = "\x02day", "\x02id"
 _P, _SEQ, _KSEQ, _KOFF = -9101, -9103, -9104, -9102
+# Deferred messages a Kafka partition may have before the JVM gives it to the Python worker
+# whole: they are decided in the driver, so this bounds what it collects (with the JVM rows
+# they need, a few hundred bytes each). A realistic 10M-trade day defers about 14,000 per
+# partition (0.1% malformed, 0.5% amended); a producer writing trades in another JSON shape
+# would defer them all, and is better read by the workers.
+DEFER_LIMIT = 50_000
+# The JVM's rows a deferred message may depend on, with their canonical text rebuilt.
+_KEPT_TRADES = "_kind = 'trade' and reason is null and not _dup and not _deferred"
+_KEPT_CLOSES = "_kind = 'close' and reason is null and not _deferred"
 
 
 def classifier_jar(jars_dir: Path) -> Path:
@@ -88,15 +123,16 @@ def _classifier(spark: SparkSession, max_bytes: int) -> Any:
     return spark._jvm.settle.KafkaClassifier(  # type: ignore[union-attr]
         anchored(TRADE_CAPTURE), anchored(CLOSE_PATTERN), max_bytes, SEQ.maximum,
         QUANTITY.maximum, CLOSE_LAST_SEQ.maximum, late, conflict, marker, MISSING_TYPE_MEANS,
-        TYPE_HEADER)
+        TYPE_HEADER, DEFER_LIMIT)
 
 
 def classify_jvm(staged: DataFrame, max_bytes: int) -> DataFrame:
     """The staged messages (``settlement.spark.parse.stage``), each Kafka partition's in
-    offset order within one task, classified in the JVM: ``CLASSIFIED_SCHEMA``'s columns and
-    a ``_fallback`` column, true on the one row of each Kafka partition left to the worker
-    (that partition's other rows are to be dropped: ``with_fallback``). The rows are built
-    by the Java side in Spark's internal form, already of those types.
+    offset order within one task, classified in the JVM: ``CLASSIFIED_SCHEMA``'s columns,
+    ``_deferred`` (true on a message left to the Python classifier, its value in ``raw`` and
+    its type header in ``_type``) and ``_fallback`` (true on the one row of a Kafka partition
+    left to the worker whole): ``resolve_deferred`` makes them ``CLASSIFIED_SCHEMA`` rows.
+    The rows are built by the Java side in Spark's internal form, already of those types.
 
     The close reads with ``classify_jvm_ranges``; this runs the same Java classification over
     a frame, which is how tests/test_native.py holds it to the Python classifier's rows."""
@@ -120,22 +156,137 @@ def classify_jvm_ranges(spark: SparkSession, consumer: Mapping[str, str], topic:
     return DataFrame(jdf, spark)
 
 
-def fallback_partitions(classified: DataFrame) -> list[int]:
-    """The Kafka partitions ``classify_jvm`` left to the worker (evaluates it: persist it
-    first)."""
-    return sorted(r[0] for r in classified.where("_fallback").select("kafka_partition")
-                  .collect())
+class Deferred:
+    """The JVM's verdicts with their deferred messages decided (``resolve_deferred``)."""
+
+    def __init__(self, rows: DataFrame, workers: list[int], deferred: int) -> None:
+        self.rows = rows  # CLASSIFIED_SCHEMA, every message once
+        self.workers = workers  # the Kafka partitions read again by the Python worker
+        self.deferred = deferred  # the messages the Python classifier decided in the driver
+
+    @property
+    def read_by(self) -> str:
+        """What the close's JSON says read the day (``read_by``)."""
+        if self.workers:
+            return f"jvm, workers for partitions {self.workers}"
+        return "jvm" if not self.deferred else f"jvm, {self.deferred} messages by python"
 
 
-def with_fallback(classified: DataFrame, partitions: list[int],
-                  python: Callable[[list[int]], DataFrame]) -> DataFrame:
-    """``classify_jvm``'s rows without ``_fallback``, the partitions left to the worker
-    classified by ``python`` (their rows, ``CLASSIFIED_SCHEMA``) instead."""
-    rows = classified.drop("_fallback")
-    if not partitions:
-        return rows
-    return (rows.where(~F.col("kafka_partition").isin(partitions))
-            .unionByName(python(partitions)))
+def resolve_deferred(verdicts: DataFrame, max_bytes: int,
+                     python: Callable[[list[int]], DataFrame]) -> Deferred:
+    """``classify_jvm``'s verdicts (persisted: this reads them a few times) as
+    ``CLASSIFIED_SCHEMA`` rows: the deferred messages decided by the Python classifier with
+    the JVM rows they depend on, and the partitions that must go back to the worker
+    classified by ``python`` (their rows, ``CLASSIFIED_SCHEMA``) instead. The first pass
+    over ``verdicts`` is where the JVM reads Kafka."""
+    spark = verdicts.sparkSession
+    marked = verdicts.where("_fallback or _deferred").select(
+        "kafka_partition", "kafka_offset", "raw", "_type", "_fallback").collect()
+    workers = {r[0] for r in marked if r[4]}
+    deferred = [(r[0], r[1], r[2], r[3]) for r in marked if r[0] not in workers]
+    decided: DataFrame | None = None
+    if deferred:
+        verdict_of = _decide(verdicts, deferred, max_bytes)
+        workers |= _state_changers(verdict_of, deferred, max_bytes)
+        mine = [k for k in verdict_of if k[0] not in workers]
+        if mine:
+            table = pa.Table.from_batches([verdict_of[k] for k in sorted(mine)])
+            decided = spark.createDataFrame(table, _classified_schema())
+    rows = verdicts.where("not _deferred").drop("_fallback", "_deferred", "_type")
+    out = rows.where(~F.col("kafka_partition").isin(sorted(workers))) if workers else rows
+    if decided is not None:
+        out = out.unionByName(decided)
+    if workers:
+        out = out.unionByName(python(sorted(workers)))
+    kept = sum(1 for d in deferred if d[0] not in workers)
+    return Deferred(out, sorted(workers), kept)
+
+
+def _classified_schema() -> Any:
+    from settlement.spark.parse import CLASSIFIED_SCHEMA  # parse imports this module
+
+    return CLASSIFIED_SCHEMA
+
+
+def _trade_id(value: bytes | None, max_bytes: int) -> str | None:
+    """The trade id a message names, when it is a JSON object the contract reads."""
+    try:
+        tid = decode(value, max_bytes).get("trade_id")
+    except Malformed:
+        return None
+    return tid if isinstance(tid, str) else None
+
+
+def _decide(verdicts: DataFrame, deferred: list[tuple[int, int, bytes | None, bytes | None]],
+            max_bytes: int) -> dict[tuple[int, int], pa.RecordBatch]:
+    """Each deferred message's row (a one-row batch), by (partition, offset), as the Python
+    classifier gives it over the deferred messages and the JVM's rows they depend on."""
+    spark = verdicts.sparkSession
+    parts = sorted({d[0] for d in deferred})
+    ids = sorted({(d[0], t) for d in deferred if (t := _trade_id(d[2], max_bytes))})
+    context: list[tuple[int, int, bytes, bytes]] = []
+    if ids:
+        keys = spark.createDataFrame(ids, "kafka_partition int, trade_id string")
+        kept = verdicts.where(_KEPT_TRADES).join(
+            F.broadcast(keys), ["kafka_partition", "trade_id"], "left_semi").select(
+            "kafka_partition", "kafka_offset", "trade_id", F.col("trade_date").cast("string"),
+            "seq", "symbol", F.col("price").cast("string"), "quantity", "buyer", "seller",
+            F.unix_micros("executed_at"))
+        context += [(r[0], r[1], _trade_text(r[2:]), TRADE.encode()) for r in kept.collect()]
+    closes = verdicts.where(_KEPT_CLOSES).where(F.col("kafka_partition").isin(parts)).select(
+        "kafka_partition", "kafka_offset", F.col("_close_date").cast("string"), "_last_seq")
+    context += [(r[0], r[1], _close_text(r[2], r[0], r[3]), CLOSE.encode())
+                for r in closes.collect()]
+    log = sorted([*deferred, *context], key=lambda m: (m[0], m[1]))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([m[0] for m in log], pa.int32()), pa.array([m[1] for m in log], pa.int64()),
+         pa.array([m[2] for m in log], pa.binary()), pa.array([m[3] for m in log], pa.binary())],
+        names=["kafka_partition", "kafka_offset", "value", "_kind"])
+    wanted = {(d[0], d[1]) for d in deferred}
+    out: dict[tuple[int, int], pa.RecordBatch] = {}
+    for got in classify_arrow(iter([batch]), max_bytes):
+        for i, (p, o) in enumerate(zip(got.column(0).to_pylist(), got.column(1).to_pylist(),
+                                       strict=True)):
+            if (p, o) in wanted:
+                out[p, o] = got.slice(i, 1)
+    return out
+
+
+def _trade_text(values: tuple[Any, ...]) -> bytes:
+    """A JVM-kept trade's canonical text again (``TRADE_FIELDS``' order): what the Python
+    classifier reads as the same trade (its fingerprint normalises the price's trailing zeros
+    and the execution time's form)."""
+    *fields, micros = values
+    at = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros)).isoformat(
+        timespec="microseconds") + "Z"
+    return json.dumps(dict(zip(TRADE_FIELDS, [*fields, at], strict=True)),
+                      separators=(",", ":")).encode()
+
+
+def _close_text(trade_date: str, partition: int, last_seq: int) -> bytes:
+    """A JVM-kept close marker's canonical text again (``CLOSE_FIELDS``' order)."""
+    return json.dumps(dict(zip(CLOSE_FIELDS, (trade_date, partition, last_seq), strict=True)),
+                      separators=(",", ":")).encode()
+
+
+def _state_changers(verdict_of: dict[tuple[int, int], pa.RecordBatch],
+                    deferred: list[tuple[int, int, bytes | None, bytes | None]],
+                    max_bytes: int) -> set[int]:
+    """The partitions where a deferred message changes the state the JVM classified the
+    messages after it with: a valid trade kept as its id's first copy, or a valid plain
+    close marker (an amended one only decides amendments, which are all deferred)."""
+    value_of = {(d[0], d[1]): d[2] for d in deferred}
+    out: set[int] = set()
+    for (p, o), row in verdict_of.items():
+        r = row.to_pylist()[0]
+        if r["reason"] is not None:
+            continue
+        if r["_kind"] == TRADE and not r["_dup"]:
+            out.add(p)
+        elif r["_kind"] == CLOSE and not close_marker(decode(value_of[p, o], max_bytes),
+                                                      p).amended:
+            out.add(p)
+    return out
 
 
 def loaded(spark_jvm: object) -> bool:

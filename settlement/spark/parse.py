@@ -69,7 +69,7 @@ from settlement.contract import (
     TYPE_HEADER,
 )
 from settlement.spark import kafkaread
-from settlement.spark.jvmclassify import classify_jvm, fallback_partitions, with_fallback
+from settlement.spark.jvmclassify import classify_jvm, resolve_deferred
 from settlement.spark.kafkaread import classify_ranges, consumer_config
 from settlement.spark.native import classify_native, native_columns
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA
@@ -146,9 +146,9 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
     before (Spark would drop that one's cache with it).
 
     With ``jvm``, every Kafka partition is classified by compiled Java in the JVM
-    (``settlement.spark.jvmclassify``) and those it leaves to the worker (anything but plain
-    trades and close markers) by the Python worker; ``cache`` then persists the JVM's verdicts
-    (the partitions left over are known once they are evaluated).
+    (``settlement.spark.jvmclassify``), the messages it defers (anything but plain trades and
+    close markers) by the Python classifier in the driver, and a partition it gives back by
+    the Python worker; ``cache`` then persists the JVM's verdicts (read several times).
     """
     staged = stage(raw)
     limit = max_value_bytes if max_value_bytes is not None else 2**62
@@ -161,8 +161,8 @@ def classify_kafka_values(raw: DataFrame, max_value_bytes: int | None = None, *,
         # the worker are known once it has run, so ``cache`` persists its verdicts.
         verdicts = classify_jvm(staged, limit)
         verdicts = cache(verdicts) if cache is not None else verdicts
-        return with_fallback(verdicts, fallback_partitions(verdicts), lambda parts: python(
-            staged.where(F.col("kafka_partition").isin(parts))))
+        return resolve_deferred(verdicts, limit, lambda parts: python(
+            staged.where(F.col("kafka_partition").isin(parts)))).rows
     if not native:
         return python(staged)
     if cache is not None:

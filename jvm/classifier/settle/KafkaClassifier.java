@@ -50,10 +50,17 @@ import org.apache.spark.util.TaskCompletionListener;
  * canonical trade pattern (generated in Python from the contract: settlement.spark.canonical),
  * its integers within the contract's bounds and buyer and seller different; or "close" and a
  * day's close marker's canonical text naming its own partition. Such a value has no escape and
- * is ASCII, so its fields are the pattern's groups. The first message of a Kafka partition that
- * is anything else makes the partition the Python worker's, whole: this emits one row for it
- * with {@code _fallback} set and skips its other messages; the caller drops the partition's
- * rows and classifies it again with the Python worker, which keeps the state amendments need.
+ * is ASCII, so its fields are the pattern's groups.
+ *
+ * <p>Any other message (an amendment, an amended close, a malformed or unusual value: a few per
+ * partition on the days exchanges send) is deferred: emitted with {@code _deferred} set, its
+ * value in {@code raw} and its type header's bytes in {@code _type}, leaving this partition's
+ * state as it was. The caller decides the deferred messages with the Python classifier and the
+ * state they need (settlement.spark.jvmclassify.resolve_deferred), and gives a partition back
+ * to the Python worker, whole, only when a deferred message turns out to change the state the
+ * messages after it were classified with (a valid trade or close marker this class did not
+ * vouch for). A partition with more than {@code deferLimit} deferred messages is given back
+ * here: one row with {@code _fallback} set, its other messages skipped.
  */
 public final class KafkaClassifier
     implements FlatMapFunction<Iterator<InternalRow>, InternalRow>, Serializable {
@@ -87,6 +94,8 @@ public final class KafkaClassifier
       DataTypes.createStructField("_row_hi", DataTypes.LongType, true),
       DataTypes.createStructField("_row_lo", DataTypes.LongType, true),
       DataTypes.createStructField("_fallback", DataTypes.BooleanType, true),
+      DataTypes.createStructField("_deferred", DataTypes.BooleanType, true),
+      DataTypes.createStructField("_type", DataTypes.BinaryType, true),
   });
 
   private static final byte[] TRADE = "trade".getBytes(StandardCharsets.US_ASCII);
@@ -94,7 +103,9 @@ public final class KafkaClassifier
   private static final char SEPARATOR = '\u001f';
   private static final UTF8String TRADE_KIND = UTF8String.fromString("trade");
   private static final UTF8String CLOSE_KIND = UTF8String.fromString("close");
-  private static final int FALLBACK = OUT.size() - 1;
+  private static final int FALLBACK = OUT.size() - 3;
+  private static final int DEFERRED = OUT.size() - 2;
+  private static final int TYPE = OUT.size() - 1;
 
   private final String tradePattern;
   private final String closePattern;
@@ -111,10 +122,13 @@ public final class KafkaClassifier
   private final String missingType;
   // The header naming a message's type (settlement.contract.TYPE_HEADER).
   private final String typeHeader;
+  // Deferred messages a partition may have before it is given to the Python worker whole
+  // (they are decided in the driver: settlement.spark.jvmclassify.DEFER_LIMIT says why).
+  private final long deferLimit;
 
   public KafkaClassifier(String tradePattern, String closePattern, long maxBytes, long seqMax,
       long quantityMax, long lastSeqMax, String late, String conflict, String markerConflict,
-      String missingType, String typeHeader) {
+      String missingType, String typeHeader, long deferLimit) {
     this.tradePattern = tradePattern;
     this.closePattern = closePattern;
     this.maxBytes = maxBytes;
@@ -126,6 +140,7 @@ public final class KafkaClassifier
     this.markerConflict = markerConflict;
     this.missingType = missingType;
     this.typeHeader = typeHeader;
+    this.deferLimit = deferLimit;
   }
 
   /**
@@ -420,6 +435,7 @@ public final class KafkaClassifier
     private final MessageDigest md5;
     private final Map<Integer, PartitionState> states = new HashMap<>();
     private final Set<Integer> fallback = new HashSet<>();
+    private final Map<Integer, Long> deferred = new HashMap<>();
     private final StringBuilder text = new StringBuilder(256);
 
     Task() {
@@ -430,7 +446,10 @@ public final class KafkaClassifier
       }
     }
 
-    /** The message's row, or null when its partition is the Python worker's already. */
+    /**
+     * The message's row (deferred when this class does not vouch for it), or null when its
+     * partition is the Python worker's already.
+     */
     InternalRow classifyOne(int p, long offset, byte[] value, byte[] kind) {
       if (fallback.contains(p)) {
         return null;
@@ -442,15 +461,24 @@ public final class KafkaClassifier
       } else if (ascii != null && java.util.Arrays.equals(kind, CLOSE)) {
         out = close(p, offset, value, ascii);
       }
-      if (out == null) {
+      if (out != null) {
+        return out;
+      }
+      long n = deferred.merge(p, 1L, Long::sum);
+      Object[] row = new Object[OUT.size()];
+      row[0] = p;
+      if (n > deferLimit) {
         fallback.add(p);
         states.remove(p);
-        Object[] row = new Object[OUT.size()];
-        row[0] = p;
         row[FALLBACK] = true;
         return new GenericInternalRow(row);
       }
-      return out;
+      row[1] = offset;
+      row[4] = value;
+      row[FALLBACK] = false;
+      row[DEFERRED] = true;
+      row[TYPE] = kind;
+      return new GenericInternalRow(row);
     }
 
     private PartitionState state(int p) {
@@ -497,7 +525,7 @@ public final class KafkaClassifier
       }
       return row(p, offset, null, TRADE_KIND, null, utf8(tradeId), days, seq, utf8(symbol),
           Decimal.createUnsafe(units, 18, 4), quantity, utf8(buyer), utf8(seller), micros, null,
-          null, dup, null, null, hash[0], hash[1], false);
+          null, dup, null, null, hash[0], hash[1], false, false, null);
     }
 
     private InternalRow close(int p, long offset, byte[] value, String s) {
@@ -524,12 +552,12 @@ public final class KafkaClassifier
             .replace("\u0001koff", Long.toString(held[1])));
       }
       return row(p, offset, null, CLOSE_KIND, null, null, null, null, null, null, null, null,
-          null, null, days, lastSeq, false, null, null, null, null, false);
+          null, null, days, lastSeq, false, null, null, null, null, false, false, null);
     }
 
     private InternalRow malformed(int p, long offset, String kind, byte[] value, String reason) {
       return row(p, offset, utf8(reason), utf8(kind), value, null, null, null, null, null,
-          null, null, null, null, null, null, false, null, null, null, null, false);
+          null, null, null, null, null, null, false, null, null, null, null, false, false, null);
     }
 
     /**
