@@ -15,7 +15,11 @@ ENV UV_PYTHON_DOWNLOADS=never
 # last layer (seconds), not the 1 GB environment.
 COPY pyproject.toml uv.lock README.md ./
 RUN uv sync --frozen --no-dev --no-install-project --compile-bytecode
-COPY jvm jvm
+# Only what Maven reads: a change to the classifier's source (built by `make setup`, not here)
+# must not fetch the jars again.
+COPY jvm/settings.xml jvm/settings.xml
+COPY jvm/kafka/pom.xml jvm/kafka/pom.xml
+COPY jvm/spark/pom.xml jvm/spark/pom.xml
 RUN mvn -s jvm/settings.xml -q -B -f jvm/kafka/pom.xml package \
  && mvn -s jvm/settings.xml -q -B -f jvm/spark/pom.xml package
 COPY settlement settlement
