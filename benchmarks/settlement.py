@@ -22,6 +22,9 @@ quarter of those twice); `clean` only the trades, once each.
           (settlement.spark.jvmclassify, the default) and with the Python workers'
           (`process_kafka_workers`); with --rounds R the process closes R times,
           alternated (keys of later rounds end _r2, _r3...)
+  process_plain_spark - benchmarks/plain_spark_job.py as a process, cold: the plain PySpark
+          job a team would write instead (JDBC read of the date, net per account and
+          symbol, JDBC write), beside the close from the ledger (`process_db_vs_plain_spark`)
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -128,6 +131,27 @@ def cold_close(env: dict[str, str], source: str, n: int, group_by: float) -> dic
                                            - t.get("total_seconds", 0), 2)}}
 
 
+def plain_job(s: Settings, n: int, group_by: float) -> dict[str, Any]:
+    """benchmarks/plain_spark_job.py (the PySpark job a team would write instead: JDBC read
+    of the date from the ledger, net per account and symbol, JDBC write) as a process of its
+    own, cold, timed whole, on the ledger the close reads."""
+    from settlement.spark.io import jdbc_options
+
+    url, props = jdbc_options(s.for_component("admin").ledger_dsn("a"))
+    jar = next((s.jars_dir / "spark").glob("postgresql-*.jar"))
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, str(Path(__file__).with_name("plain_spark_job.py")),
+                          "--jdbc-url", url, "--date", DATE, "--jars", str(jar)],
+                         env={**os.environ, "PLAIN_JOB_PROPERTIES": json.dumps(props)},
+                         capture_output=True, text=True, timeout=3600)
+    secs = time.perf_counter() - t0
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["trades"] == n, out
+    return {"seconds": round(secs, 2), "vs_group_by": round(secs / group_by, 2),
+            "job_seconds": out["job_seconds"], "positions": out["positions"]}
+
+
 def driver_peak_rss_mib(spark: SparkSession) -> int | None:
     """The local driver JVM's peak resident memory so far (Linux VmHWM); None when the JVM
     is not a child of this process."""
@@ -164,7 +188,8 @@ def _validation_vs_work(run: dict[str, Any]) -> bool:
 def process_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Issue #44's targets, on the process figures: a 2,000-trade day in 12 s or less from
     either source, 2M within 8x (Kafka) and 6x (ledger) of the GROUP BY, 10M in 60 s (Kafka)
-    and 40 s (ledger)."""
+    and 40 s (ledger); issue #61's: from 200,000 trades, the close from the ledger within 1.3x
+    of the plain PySpark job."""
     out: dict[str, Any] = {}
     for r in results:
         if "process_kafka" not in r:
@@ -175,6 +200,9 @@ def process_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
         if 1_500_000 <= r["trades"] <= 2_500_000:
             out[f"{m}_2m_kafka_le_8x"] = k["vs_group_by"] <= 8
             out[f"{m}_2m_db_le_6x"] = d["vs_group_by"] <= 6
+        if r["trades"] >= 200_000 and "process_db_vs_plain_spark" in r:  # issue 61's
+            out[f"{m}_{r['trades']}_db_le_1_3x_plain_spark"] = (
+                r["process_db_vs_plain_spark"] <= 1.3)
         if r["trades"] >= 10_000_000:
             out[f"{m}_10m_kafka_le_60s"] = k["seconds"] <= 60
             out[f"{m}_10m_db_le_40s"] = d["seconds"] <= 40
@@ -278,6 +306,10 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
                       file=sys.stderr, flush=True)
                 out[key] = cold_close({**env, **extra}, source, n,
                                       out["sql_group_by"]["seconds"])
+            print(f"[{n}] the plain PySpark job (a process)...", file=sys.stderr, flush=True)
+            out["process_plain_spark"] = plain_job(s, n, out["sql_group_by"]["seconds"])
+            out["process_db_vs_plain_spark"] = round(
+                out["process_db"]["seconds"] / out["process_plain_spark"]["seconds"], 2)
         if spark is None:
             return out
         for source, validate in (("kafka", False), ("db", False), ("kafka", True),

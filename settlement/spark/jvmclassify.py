@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -186,11 +187,12 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
     deferred = [(r[0], r[1], r[2], r[3]) for r in marked if r[0] not in workers]
     decided: DataFrame | None = None
     if deferred:
-        verdict_of = _decide(verdicts, deferred, max_bytes)
-        workers |= _state_changers(verdict_of, deferred, max_bytes)
-        mine = [k for k in verdict_of if k[0] not in workers]
-        if mine:
-            table = pa.Table.from_batches([verdict_of[k] for k in sorted(mine)])
+        table = _decide(verdicts, deferred, max_bytes)
+        workers |= _state_changers(table, deferred, max_bytes)
+        if workers:
+            table = table.filter(pc.invert(pc.is_in(table["kafka_partition"],
+                                                    pa.array(sorted(workers), pa.int32()))))
+        if table.num_rows:
             decided = spark.createDataFrame(table, _classified_schema())
     rows = verdicts.where("not _deferred").drop("_fallback", "_deferred", "_type")
     out = rows.where(~F.col("kafka_partition").isin(sorted(workers))) if workers else rows
@@ -218,9 +220,9 @@ def _trade_id(value: bytes | None, max_bytes: int) -> str | None:
 
 
 def _decide(verdicts: DataFrame, deferred: list[tuple[int, int, bytes | None, bytes | None]],
-            max_bytes: int) -> dict[tuple[int, int], pa.RecordBatch]:
-    """Each deferred message's row (a one-row batch), by (partition, offset), as the Python
-    classifier gives it over the deferred messages and the JVM's rows they depend on."""
+            max_bytes: int) -> pa.Table:
+    """The deferred messages' rows (``CLASSIFIED_SCHEMA``), as the Python classifier gives
+    them over the deferred messages and the JVM's rows they depend on, in offset order."""
     spark = verdicts.sparkSession
     parts = sorted({d[0] for d in deferred})
     ids = sorted({(d[0], t) for d in deferred if (t := _trade_id(d[2], max_bytes))})
@@ -242,14 +244,12 @@ def _decide(verdicts: DataFrame, deferred: list[tuple[int, int, bytes | None, by
         [pa.array([m[0] for m in log], pa.int32()), pa.array([m[1] for m in log], pa.int64()),
          pa.array([m[2] for m in log], pa.binary()), pa.array([m[3] for m in log], pa.binary())],
         names=["kafka_partition", "kafka_offset", "value", "_kind"])
-    wanted = {(d[0], d[1]) for d in deferred}
-    out: dict[tuple[int, int], pa.RecordBatch] = {}
-    for got in classify_arrow(iter([batch]), max_bytes):
-        for i, (p, o) in enumerate(zip(got.column(0).to_pylist(), got.column(1).to_pylist(),
-                                       strict=True)):
-            if (p, o) in wanted:
-                out[p, o] = got.slice(i, 1)
-    return out
+    got = pa.Table.from_batches(list(classify_arrow(iter([batch]), max_bytes)))
+    keys = pc.binary_join_element_wise(
+        pc.cast(got["kafka_partition"], pa.string()), pc.cast(got["kafka_offset"], pa.string()),
+        ":")
+    wanted = pa.array([f"{d[0]}:{d[1]}" for d in deferred], pa.string())
+    return got.filter(pc.is_in(keys, wanted))
 
 
 def _trade_text(values: tuple[Any, ...]) -> bytes:
@@ -269,18 +269,18 @@ def _close_text(trade_date: str, partition: int, last_seq: int) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def _state_changers(verdict_of: dict[tuple[int, int], pa.RecordBatch],
+def _state_changers(decided: pa.Table,
                     deferred: list[tuple[int, int, bytes | None, bytes | None]],
                     max_bytes: int) -> set[int]:
-    """The partitions where a deferred message changes the state the JVM classified the
-    messages after it with: a valid trade kept as its id's first copy, or a valid plain
-    close marker (an amended one only decides amendments, which are all deferred)."""
+    """The partitions where a deferred message (``decided``: their rows) changes the state
+    the JVM classified the messages after it with: a valid trade kept as its id's first copy,
+    or a valid plain close marker (an amended one only decides amendments, all deferred)."""
     value_of = {(d[0], d[1]): d[2] for d in deferred}
     out: set[int] = set()
-    for (p, o), row in verdict_of.items():
-        r = row.to_pylist()[0]
-        if r["reason"] is not None:
-            continue
+    valid = decided.filter(pc.is_null(decided["reason"])).select(
+        ["kafka_partition", "kafka_offset", "_kind", "_dup"]).to_pylist()
+    for r in valid:
+        p, o = r["kafka_partition"], r["kafka_offset"]
         if r["_kind"] == TRADE and not r["_dup"]:
             out.add(p)
         elif r["_kind"] == CLOSE and not close_marker(decode(value_of[p, o], max_bytes),
