@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import BinaryType, BooleanType
+from pyspark.sql.types import BinaryType, BooleanType, DateType, LongType
 
 from consumers.parse import Malformed, _is_date, decode, fast_trade, trade_values
 from settlement import contract as C
@@ -30,6 +30,7 @@ from settlement.spark.canonical import (
     TRADE_PATTERN,
     anchored,
 )
+from settlement.spark.deferred import resolve_deferred
 from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, stage
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_parity import CORPUS, close, corpus_messages, trade
@@ -67,7 +68,7 @@ def jvm_partitions(session: SparkSession, msgs: Sequence[Message],
     frame = stage(session.createDataFrame(_rows(msgs), RAW_SCHEMA).coalesce(1))
     verdicts = jvmclassify.classify_jvm(frame, max_bytes).persist()
     try:
-        given = jvmclassify.resolve_deferred(verdicts, max_bytes, lambda parts: session
+        given = resolve_deferred(verdicts, max_bytes, lambda parts: session
                                              .createDataFrame([], CLASSIFIED_SCHEMA)).workers
         return {p for p, _, _ in msgs} - set(given)
     finally:
@@ -399,6 +400,8 @@ def dirty_log() -> list[Message]:
         (0, json.dumps(json.loads(_t(6)), **spaced).encode(), TRADE_H),  # an equal copy
         (0, json.dumps(json.loads(_t(7, quantity=5)), **spaced).encode(), TRADE_H),  # conflict
         (0, _t(8), b"fix"),  # an unknown type
+        # A cancel naming its trade with an escape: the JVM misreads the id, the parser's counts.
+        (0, _cancel(8, 16).replace(b'"T000008"', b'"T00000\\u0038"'), CANCEL_H),
         (1, _m(D1, 1, 8), CLOSE_H),
         (1, _cancel(101, 9), CANCEL_H),  # after the close: held, then covered
         (1, _correct(102, 10, 2), CORRECT_H),  # held, then covered
@@ -445,6 +448,7 @@ def test_dirty_partitions_are_kept_by_the_jvm_with_the_python_verdicts(
     assert by[1, 11]["reason"].startswith("late")
     assert by[1, 15]["reason"].startswith("late")
     assert by[4, 9]["reason"].startswith("late")
+    assert by[0, 26]["reason"] is None and by[0, 26]["_kind"] == C.CANCEL  # the escaped id
 
 
 def test_the_size_limit_sends_a_value_to_the_python_classifier(spark: SparkSession  # noqa: F811
@@ -474,12 +478,14 @@ def test_a_looser_pattern_fails_the_parity_check(spark: SparkSession,  # noqa: F
 def test_the_compiled_classifier_gives_the_classified_schema(spark: SparkSession  # noqa: F811
                                                               ) -> None:
     """The Java rows are built in Spark's internal form: their schema is the Python
-    classifier's, column for column, then ``_fallback``, ``_deferred`` and ``_type``."""
+    classifier's, column for column, then ``_fallback``, ``_deferred``, ``_type``,
+    ``_ref_offset`` and ``_ref_date``."""
     frame = stage(spark.createDataFrame(_rows([(0, BASE, TRADE_H)]), RAW_SCHEMA))
     got = jvmclassify.classify_jvm(frame, MAX_BYTES)
     assert [(f.name, f.dataType) for f in got.schema.fields] == [
         *((f.name, f.dataType) for f in CLASSIFIED_SCHEMA.fields), ("_fallback", BooleanType()),
-        ("_deferred", BooleanType()), ("_type", BinaryType())]
+        ("_deferred", BooleanType()), ("_type", BinaryType()), ("_ref_offset", LongType()),
+        ("_ref_date", DateType())]
     assert got.where("not _fallback and not _deferred").count() == 1
 
 

@@ -25,6 +25,7 @@ from settlement.eod.model import SourceChoice
 from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
+from settlement.spark.deferred import resolve_deferred
 from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import is_small_day, local_frame, persist_sized
@@ -253,7 +254,7 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
         return cached[-1]
 
     try:  # its first pass is where Kafka is read
-        resolved = jvmclassify.resolve_deferred(verdicts, settings.max_message_bytes, python)
+        resolved = resolve_deferred(verdicts, settings.max_message_bytes, python)
     except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
         error = kafkaread.worker_error(str(e))
         if error is None:

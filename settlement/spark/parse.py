@@ -69,7 +69,8 @@ from settlement.contract import (
     TYPE_HEADER,
 )
 from settlement.spark import kafkaread
-from settlement.spark.jvmclassify import classify_jvm, resolve_deferred
+from settlement.spark.deferred import resolve_deferred
+from settlement.spark.jvmclassify import classify_jvm
 from settlement.spark.kafkaread import classify_ranges, consumer_config
 from settlement.spark.native import classify_native, native_columns
 from settlement.spark.schemas import PRICE, TRADE_SCHEMA

@@ -55,7 +55,9 @@ import org.apache.spark.util.TaskCompletionListener;
  * <p>Any other message (an amendment, an amended close, a malformed or unusual value: a few per
  * partition on the days exchanges send) is deferred: emitted with {@code _deferred} set, its
  * value in {@code raw} and its type header's bytes in {@code _type}, leaving this partition's
- * state as it was. The caller decides the deferred messages with the Python classifier and the
+ * state as it was; with the trade id it seems to name in {@code trade_id} and, when this
+ * partition kept that trade before it, the kept copy's offset and date in {@code _ref_offset}
+ * and {@code _ref_date} (what an amendment is checked against). The caller decides the deferred messages with the Python classifier and the
  * state they need (settlement.spark.jvmclassify.resolve_deferred), and gives a partition back
  * to the Python worker, whole, only when a deferred message turns out to change the state the
  * messages after it were classified with (a valid trade or close marker this class did not
@@ -96,6 +98,8 @@ public final class KafkaClassifier
       DataTypes.createStructField("_fallback", DataTypes.BooleanType, true),
       DataTypes.createStructField("_deferred", DataTypes.BooleanType, true),
       DataTypes.createStructField("_type", DataTypes.BinaryType, true),
+      DataTypes.createStructField("_ref_offset", DataTypes.LongType, true),
+      DataTypes.createStructField("_ref_date", DataTypes.DateType, true),
   });
 
   private static final byte[] TRADE = "trade".getBytes(StandardCharsets.US_ASCII);
@@ -103,9 +107,16 @@ public final class KafkaClassifier
   private static final char SEPARATOR = '\u001f';
   private static final UTF8String TRADE_KIND = UTF8String.fromString("trade");
   private static final UTF8String CLOSE_KIND = UTF8String.fromString("close");
-  private static final int FALLBACK = OUT.size() - 3;
-  private static final int DEFERRED = OUT.size() - 2;
-  private static final int TYPE = OUT.size() - 1;
+  private static final int FALLBACK = OUT.size() - 5;
+  private static final int DEFERRED = OUT.size() - 4;
+  private static final int TYPE = OUT.size() - 3;
+  private static final int REF_OFFSET = OUT.size() - 2;
+  private static final int REF_DATE = OUT.size() - 1;
+  private static final int TRADE_ID = 5;
+  // The trade id a deferred value seems to name (its first "trade_id" string without an
+  // escape): a hint the driver checks against the Python parser's reading of the value.
+  private static final Pattern NAMED_ID =
+      Pattern.compile("\"trade_id\"\\s*:\\s*\"([^\"\\\\]{1,200})\"");
 
   private final String tradePattern;
   private final String closePattern;
@@ -414,11 +425,13 @@ public final class KafkaClassifier
     final long offset;
     final long hi;
     final long lo;
+    final int days;
 
-    Kept(long offset, long hi, long lo) {
+    Kept(long offset, long hi, long lo, int days) {
       this.offset = offset;
       this.hi = hi;
       this.lo = lo;
+      this.days = days;
     }
   }
 
@@ -436,6 +449,7 @@ public final class KafkaClassifier
     private final Map<Integer, PartitionState> states = new HashMap<>();
     private final Set<Integer> fallback = new HashSet<>();
     private final Map<Integer, Long> deferred = new HashMap<>();
+    private final Matcher named = NAMED_ID.matcher("");
     private final StringBuilder text = new StringBuilder(256);
 
     Task() {
@@ -478,6 +492,18 @@ public final class KafkaClassifier
       row[FALLBACK] = false;
       row[DEFERRED] = true;
       row[TYPE] = kind;
+      // The trade the value seems to name, and where and of what date this partition kept it
+      // so far: what an amendment is checked against, handed over without another pass.
+      if (value != null && named.reset(new String(value, StandardCharsets.ISO_8859_1)).find()) {
+        String id = named.group(1);
+        row[TRADE_ID] = utf8(id);
+        PartitionState st = states.get(p);
+        Kept kept = st == null ? null : st.seen.get(id);
+        if (kept != null) {
+          row[REF_OFFSET] = kept.offset;
+          row[REF_DATE] = kept.days;
+        }
+      }
       return new GenericInternalRow(row);
     }
 
@@ -513,7 +539,7 @@ public final class KafkaClassifier
       Kept kept = st.seen.get(tradeId);
       boolean dup = false;
       if (kept == null) {
-        st.seen.put(tradeId, new Kept(offset, hash[0], hash[1]));
+        st.seen.put(tradeId, new Kept(offset, hash[0], hash[1], days));
       } else if (kept.hi == hash[0] && kept.lo == hash[1]) {
         dup = true;
       } else {
@@ -525,7 +551,7 @@ public final class KafkaClassifier
       }
       return row(p, offset, null, TRADE_KIND, null, utf8(tradeId), days, seq, utf8(symbol),
           Decimal.createUnsafe(units, 18, 4), quantity, utf8(buyer), utf8(seller), micros, null,
-          null, dup, null, null, hash[0], hash[1], false, false, null);
+          null, dup, null, null, hash[0], hash[1], false, false, null, null, null);
     }
 
     private InternalRow close(int p, long offset, byte[] value, String s) {
@@ -552,12 +578,14 @@ public final class KafkaClassifier
             .replace("\u0001koff", Long.toString(held[1])));
       }
       return row(p, offset, null, CLOSE_KIND, null, null, null, null, null, null, null, null,
-          null, null, days, lastSeq, false, null, null, null, null, false, false, null);
+          null, null, days, lastSeq, false, null, null, null, null, false, false, null, null,
+          null);
     }
 
     private InternalRow malformed(int p, long offset, String kind, byte[] value, String reason) {
       return row(p, offset, utf8(reason), utf8(kind), value, null, null, null, null, null,
-          null, null, null, null, null, null, false, null, null, null, null, false, false, null);
+          null, null, null, null, null, null, false, null, null, null, null, false, false, null,
+          null, null);
     }
 
     /**

@@ -1,0 +1,243 @@
+"""The messages the JVM classifier deferred (``settlement.spark.jvmclassify``), decided in the
+driver by the Python classifier itself (``settlement.spark.worker.classify_arrow``).
+
+A Kafka partition on the days exchanges send holds a few messages the JVM does not vouch for:
+busts and corrections, amended close markers, malformed values. The JVM emits each with its
+value and type header and goes on; here the Python classifier runs over those messages and a
+stand-in for every earlier message they can depend on, in offset order, and its rows for the
+deferred messages replace the JVM's.
+
+Why that gives each deferred message its verdict in the whole partition: the Python verdict
+on a message depends on the messages before it only through the partition's state, which is
+the trades kept per id (their offset, date and content), the close markers kept per date, and
+the amendments and amended close markers kept (all deferred, so all here). So the stand-ins
+are
+- every close marker the JVM kept on the partition (few: one per day, and their replays);
+- for an amendment, the trade it names as the JVM kept it: its offset and date come with the
+  deferred row (the JVM looks the id up as it defers the message), which is all an amendment
+  is checked against (``consumers.parse.amendment_refusal``), so the stand-in carries those
+  and placeholder values;
+- for a valid trade in another shape that repeats a kept id, the kept copy itself (its
+  content decides replay or conflict): the JVM's row for that id, rebuilt as canonical text.
+  So is any id the JVM's reading of the value (a pattern over its text) may have misread
+  (an escape in the id, a repeated key): the Python parser's reading decides.
+A message that fails the contract whatever came before it (malformed) needs none.
+
+And the JVM's own verdicts stand only where no deferred message changed the state they were
+decided with: a deferred valid trade kept as its id's first copy, or a deferred plain close
+marker kept, gives its partition back to the Python worker, read again whole.
+``tests/test_native.py`` holds the result to the Python classifier's on dirty partitions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from consumers.parse import (
+    Malformed,
+    amendment,
+    close_marker,
+    decode,
+    fast_trade_values,
+    trade_values,
+)
+from settlement.contract import AMENDMENTS, CLOSE, CLOSE_FIELDS, TRADE, TRADE_FIELDS
+from settlement.spark.worker import classify_arrow
+
+# What the first pass over the JVM's verdicts collects: the deferred messages, the partitions
+# given back, and the close markers the JVM kept (the stand-ins every deferred message may
+# need).
+_KEPT_CLOSES = "_kind = 'close' and reason is null and not _deferred"
+_MARKED = f"_fallback or _deferred or ({_KEPT_CLOSES})"
+# The JVM rows of kept trades (a first copy, valid), looked up by id when a stand-in must carry
+# a trade's content.
+_KEPT_TRADES = "_kind = 'trade' and reason is null and not _dup and not _deferred"
+
+
+@dataclass(frozen=True)
+class Message:
+    """A deferred message, with what the JVM knew of the trade it seems to name."""
+
+    partition: int
+    offset: int
+    value: bytes | None
+    kind: bytes | None
+    named: str | None  # the trade id the JVM read in the value
+    kept_at: int | None  # where the partition kept that trade before it
+    kept_date: str | None  # and of what date
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The JVM's verdicts with their deferred messages decided."""
+
+    rows: DataFrame  # CLASSIFIED_SCHEMA, every message once
+    workers: list[int]  # the Kafka partitions read again by the Python worker
+    deferred: int  # the messages the Python classifier decided in the driver
+
+    @property
+    def read_by(self) -> str:
+        """What the close's JSON says read the day (``read_by``)."""
+        if self.workers:
+            return f"jvm, workers for partitions {self.workers}"
+        return "jvm" if not self.deferred else f"jvm, {self.deferred} messages by python"
+
+
+def resolve_deferred(verdicts: DataFrame, max_bytes: int,
+                     python: Callable[[list[int]], DataFrame]) -> Resolved:
+    """``classify_jvm``'s verdicts (persisted: read more than once) as ``CLASSIFIED_SCHEMA``
+    rows: the deferred messages decided by the Python classifier, and the partitions that
+    must go back to the worker classified by ``python`` (their rows) instead. The first pass
+    over ``verdicts`` is where the JVM reads Kafka."""
+    marked = verdicts.where(_MARKED).select(
+        "kafka_partition", "kafka_offset", "raw", "_type", "_fallback", "_deferred",
+        "trade_id", "_ref_offset", F.col("_ref_date").cast("string"),
+        F.col("_close_date").cast("string"), "_last_seq").collect()
+    workers = {r[0] for r in marked if r[4]}
+    deferred = [Message(r[0], r[1], r[2], r[3], r[6], r[7], r[8]) for r in marked
+                if r[5] and r[0] not in workers]
+    parts = {m.partition for m in deferred}
+    closes = [(r[0], r[1], _close_text(r[9], r[0], r[10])) for r in marked
+              if not r[4] and not r[5] and r[0] in parts]
+    decided: DataFrame | None = None
+    if deferred:
+        table = _decide(verdicts, deferred, closes, max_bytes)
+        workers |= _state_changers(table, deferred, max_bytes)
+        if workers:
+            table = table.filter(pc.invert(pc.is_in(table["kafka_partition"],
+                                                    pa.array(sorted(workers), pa.int32()))))
+        if table.num_rows:
+            decided = verdicts.sparkSession.createDataFrame(table, _classified_schema())
+    rows = verdicts.where("not _deferred").drop(
+        "_fallback", "_deferred", "_type", "_ref_offset", "_ref_date")
+    out = rows.where(~F.col("kafka_partition").isin(sorted(workers))) if workers else rows
+    if decided is not None:
+        out = out.unionByName(decided)
+    if workers:
+        out = out.unionByName(python(sorted(workers)))
+    return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers))
+
+
+def _classified_schema() -> Any:
+    from settlement.spark.parse import CLASSIFIED_SCHEMA  # parse imports jvmclassify, this
+
+    return CLASSIFIED_SCHEMA
+
+
+def _kind(kind: bytes | None) -> str | None:
+    """A type header's bytes as the worker reads them (None: not a type it knows)."""
+    text = kind.decode("utf-8", "replace") if kind is not None else None
+    return text if text in (TRADE, CLOSE, *AMENDMENTS) else None
+
+
+def _named(m: Message, max_bytes: int) -> tuple[str, bool] | None:
+    """The trade id the message names as the Python parser reads it, and whether it is an
+    amendment; None when the message fails the contract whatever came before it (or is a
+    close marker, whose stand-ins are the kept markers)."""
+    kind = _kind(m.kind)
+    try:
+        if kind == TRADE:
+            t = fast_trade_values(m.value, max_bytes) or trade_values(decode(m.value, max_bytes))
+            return t[0], False
+        if kind in AMENDMENTS:
+            return amendment(decode(m.value, max_bytes), kind).trade_id, True
+    except Malformed:
+        return None
+    return None
+
+
+def _decide(verdicts: DataFrame, deferred: list[Message], closes: list[tuple[int, int, bytes]],
+            max_bytes: int) -> pa.Table:
+    """The deferred messages' rows (``CLASSIFIED_SCHEMA``), as the Python classifier gives
+    them over the deferred messages and their stand-ins, in offset order."""
+    stand_ins: dict[tuple[int, int], tuple[bytes, bytes]] = {
+        (p, o): (text, CLOSE.encode()) for p, o, text in closes}
+    contents: set[tuple[int, str]] = set()  # (partition, trade id): the kept copy's content
+    for m in deferred:
+        named = _named(m, max_bytes)
+        if named is None:
+            continue
+        tid, is_amendment = named
+        if tid != m.named:  # the JVM misread the id: look the trade up by the parser's
+            contents.add((m.partition, tid))
+        elif m.kept_at is not None and is_amendment:
+            stand_ins.setdefault((m.partition, m.kept_at),
+                                 (_placeholder(tid, m.kept_date), TRADE.encode()))
+        elif m.kept_at is not None:
+            contents.add((m.partition, tid))
+    if contents:  # rare: a valid trade in another shape repeating a kept one, a misread id
+        keys = verdicts.sparkSession.createDataFrame(
+            sorted(contents), "kafka_partition int, trade_id string")
+        kept = verdicts.where(_KEPT_TRADES).join(
+            F.broadcast(keys), ["kafka_partition", "trade_id"], "left_semi").select(
+            "kafka_partition", "kafka_offset", "trade_id", F.col("trade_date").cast("string"),
+            "seq", "symbol", F.col("price").cast("string"), "quantity", "buyer", "seller",
+            F.unix_micros("executed_at"))
+        for r in kept.collect():  # the real copy replaces a placeholder at its offset
+            stand_ins[r[0], r[1]] = (_trade_text(r[2:]), TRADE.encode())
+    log = sorted([*((m.partition, m.offset, m.value, m.kind) for m in deferred),
+                  *((p, o, text, kind) for (p, o), (text, kind) in stand_ins.items())],
+                 key=lambda m: (m[0], m[1]))
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([m[0] for m in log], pa.int32()), pa.array([m[1] for m in log], pa.int64()),
+         pa.array([m[2] for m in log], pa.binary()), pa.array([m[3] for m in log], pa.binary())],
+        names=["kafka_partition", "kafka_offset", "value", "_kind"])
+    got = pa.Table.from_batches(list(classify_arrow(iter([batch]), max_bytes)))
+    keys = pc.binary_join_element_wise(
+        pc.cast(got["kafka_partition"], pa.string()), pc.cast(got["kafka_offset"], pa.string()),
+        ":")
+    wanted = pa.array([f"{m.partition}:{m.offset}" for m in deferred], pa.string())
+    return got.filter(pc.is_in(keys, wanted))
+
+
+def _placeholder(trade_id: str, trade_date: str | None) -> bytes:
+    """A stand-in for a trade kept by the JVM, carrying what an amendment is checked against
+    (its id, its date, that it was kept there); its other values are any the contract takes."""
+    return json.dumps({"trade_id": trade_id, "trade_date": trade_date, "seq": 1,
+                       "symbol": "S", "price": "1", "quantity": 1, "buyer": "B",
+                       "seller": "S", "executed_at": f"{trade_date}T00:00:00Z"},
+                      separators=(",", ":")).encode()
+
+
+def _trade_text(values: tuple[Any, ...]) -> bytes:
+    """A JVM-kept trade's canonical text again (``TRADE_FIELDS``' order): what the Python
+    classifier reads as the same trade (its fingerprint normalises the price's trailing zeros
+    and the execution time's form)."""
+    *fields, micros = values
+    at = (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros)).isoformat(
+        timespec="microseconds") + "Z"
+    return json.dumps(dict(zip(TRADE_FIELDS, [*fields, at], strict=True)),
+                      separators=(",", ":")).encode()
+
+
+def _close_text(trade_date: str, partition: int, last_seq: int) -> bytes:
+    """A JVM-kept close marker's canonical text again (``CLOSE_FIELDS``' order)."""
+    return json.dumps(dict(zip(CLOSE_FIELDS, (trade_date, partition, last_seq), strict=True)),
+                      separators=(",", ":")).encode()
+
+
+def _state_changers(decided: pa.Table, deferred: list[Message], max_bytes: int) -> set[int]:
+    """The partitions where a deferred message (``decided``: their rows) changes the state
+    the JVM classified the messages after it with: a valid trade kept as its id's first copy,
+    or a valid plain close marker (an amended one only decides amendments, all deferred)."""
+    value_of = {(m.partition, m.offset): m.value for m in deferred}
+    out: set[int] = set()
+    valid = decided.filter(pc.is_null(decided["reason"])).select(
+        ["kafka_partition", "kafka_offset", "_kind", "_dup"]).to_pylist()
+    for r in valid:
+        p, o = r["kafka_partition"], r["kafka_offset"]
+        if r["_kind"] == TRADE and not r["_dup"]:
+            out.add(p)
+        elif r["_kind"] == CLOSE and not close_marker(decode(value_of[p, o], max_bytes),
+                                                      p).amended:
+            out.add(p)
+    return out
