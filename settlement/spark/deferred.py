@@ -108,6 +108,10 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
     parts = {m.partition for m in deferred}
     closes = [(r[0], r[1], _close_text(r[9], r[0], r[10])) for r in marked
               if not r[4] and not r[5] and r[0] in parts]
+    # The JVM's rows as they stand: CLASSIFIED_SCHEMA (tests/test_native.py holds the Java
+    # columns to it), the schema the decided rows are given.
+    rows = verdicts.where("not _deferred").drop(
+        "_fallback", "_deferred", "_type", "_ref_offset", "_ref_date")
     decided: DataFrame | None = None
     if deferred:
         table = _decide(verdicts, deferred, closes, max_bytes)
@@ -116,21 +120,13 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
             table = table.filter(pc.invert(pc.is_in(table["kafka_partition"],
                                                     pa.array(sorted(workers), pa.int32()))))
         if table.num_rows:
-            decided = verdicts.sparkSession.createDataFrame(table, _classified_schema())
-    rows = verdicts.where("not _deferred").drop(
-        "_fallback", "_deferred", "_type", "_ref_offset", "_ref_date")
+            decided = verdicts.sparkSession.createDataFrame(table, rows.schema)
     out = rows.where(~F.col("kafka_partition").isin(sorted(workers))) if workers else rows
     if decided is not None:
         out = out.unionByName(decided)
     if workers:
         out = out.unionByName(python(sorted(workers)))
     return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers))
-
-
-def _classified_schema() -> Any:
-    from settlement.spark.parse import CLASSIFIED_SCHEMA  # parse imports jvmclassify, this
-
-    return CLASSIFIED_SCHEMA
 
 
 def _kind(kind: bytes | None) -> str | None:
