@@ -58,8 +58,9 @@ _DAY, _ID = "\x02day", "\x02id"
 _P, _SEQ, _KSEQ, _KOFF = -9101, -9103, -9104, -9102
 # Deferred messages a Kafka partition may have before the JVM gives it to the Python worker
 # whole: they are decided in the driver, so this bounds what it collects (with the JVM rows
-# they need, a few hundred bytes each). A realistic 10M-trade day defers about 14,000 per
-# partition (0.1% malformed, 0.5% amended); a producer writing trades in another JSON shape
+# they need, a few hundred bytes each). A realistic 2M-trade day deferred 13,660 over six
+# partitions (benchmarks/settlement.py --mix realistic), so a 10M day about 11,000 per
+# partition; a producer writing trades in another JSON shape
 # would defer them all, and is better read by the workers.
 DEFER_LIMIT = 50_000
 
