@@ -546,6 +546,54 @@ def test_kafka_brokers_bootstrap_scram_through_the_start_script() -> None:
         assert "--command-config \"$client_props\"" in text
 
 
+# The checks that start a JVM or Airflow's CLI: through the cache, never every interval.
+COSTLY_CHECKS = {**{b: "kafka-start.sh" for b in BROKERS},
+                 **{f"airflow-{job}-{site}": "airflow" for job in ("dag-processor", "triggerer")
+                    for site in "ab"}}
+
+
+def test_costly_healthchecks_run_in_full_only_now_and_then() -> None:
+    for name, tool in COSTLY_CHECKS.items():
+        svc = SERVICES[name]
+        test = svc["healthcheck"]["test"]
+        assert test[1:4] == ["/bin/bash", "/opt/settle/cached-health.sh", "300"], name
+        assert any(tool in part for part in test[4:]), name
+        assert "./deploy/cached-health.sh:/opt/settle/cached-health.sh:ro" in svc["volumes"], name
+
+
+def _cached_check(tmp_path: Path, marker: Path, exit_code: int = 0,
+                  max_age: str = "300") -> int:
+    calls = tmp_path / "calls"
+    script = f"echo x >> {calls}; exit {exit_code}"
+    res = subprocess.run(["bash", str(ROOT / "deploy" / "cached-health.sh"), max_age,
+                          "bash", "-c", script],
+                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                              "SETTLE_HEALTH_MARKER": str(marker)},
+                         capture_output=True, text=True, timeout=30)
+    assert (res.returncode == 0) == (exit_code == 0), res.stderr
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def test_the_cached_healthcheck_reruns_on_a_new_start_or_when_old(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    # A failing check is never remembered: each check runs it again.
+    assert _cached_check(tmp_path, marker, exit_code=3) == 1
+    assert not marker.exists()
+    assert _cached_check(tmp_path, marker) == 2
+    # Passed: the next checks answer from the pass.
+    assert _cached_check(tmp_path, marker) == 2
+    assert _cached_check(tmp_path, marker) == 2
+    started, at = marker.read_text().split()
+    # Passed by another start of the main process (a restarted container): checked again.
+    marker.write_text(f"{int(started) + 1} {at}\n")
+    assert _cached_check(tmp_path, marker) == 3
+    # Passed longer ago than the age allowed: checked again.
+    started, at = marker.read_text().split()
+    marker.write_text(f"{started} {int(at) - 301}\n")
+    assert _cached_check(tmp_path, marker) == 4
+    assert _cached_check(tmp_path, marker) == 4
+
+
 def _render_broker(tmp_path: Path, **overrides: str) -> subprocess.CompletedProcess[str]:
     bash = shutil.which("bash")
     if bash is None:
