@@ -46,6 +46,12 @@ classpath="$kafka_home/libs/*"
 if [[ ${1:-} == "--health" ]]; then
   # The broker listener as this node advertises it (BROKER://host:port -> host:port).
   address=$(sed -n 's/^advertised\.listeners=.*BROKER:\/\/\([^,]*\).*/\1/p' "$props")
+  # Not listening yet (a broker starting): said without starting a JVM, whose 3 s of CPU
+  # every interval slowed the start it waited for.
+  if ! (exec 3<>"/dev/tcp/${address%:*}/${address##*:}") 2>/dev/null; then
+    echo "kafka-start: nothing listens on ${address:-the BROKER listener} yet" >&2
+    exit 1
+  fi
   exec java -Xmx64m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$classpath" \
     org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "${address:?no BROKER in advertised.listeners}" \
     --command-config "$client_props" >/dev/null

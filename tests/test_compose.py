@@ -561,6 +561,27 @@ def test_costly_healthchecks_run_in_full_only_now_and_then() -> None:
         assert "./deploy/cached-health.sh:/opt/settle/cached-health.sh:ro" in svc["volumes"], name
 
 
+def test_a_broker_not_listening_yet_is_unhealthy_without_a_jvm(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "server.properties").write_text(
+        f"advertised.listeners=BROKER://127.0.0.1:{port}\n")
+    # Only sed on the PATH, no java: a JVM started would fail otherwise than said here.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sed").symlink_to(shutil.which("sed") or "/bin/sed")
+    res = subprocess.run([shutil.which("bash") or "/bin/bash",
+                          str(ROOT / "deploy" / "kafka-start.sh"), "--health"],
+                         env={"PATH": str(tools), "KAFKA_HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1, res
+    assert f"nothing listens on 127.0.0.1:{port} yet" in res.stderr, res.stderr
+
+
 def _cached_check(tmp_path: Path, marker: Path, exit_code: int = 0,
                   max_age: str = "300") -> int:
     calls = tmp_path / "calls"
