@@ -22,7 +22,8 @@
 #      (SCRAM cannot guard it: controllers talk before the credentials are loaded).
 #   3. admin-client.properties (the admin's SCRAM login, over TLS when the broker listener is
 #      SASL_SSL: the truststore is the broker's) for the healthcheck and operators' CLI tools:
-#      kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties
+#      kafka-acls.sh ... --command-config /opt/kafka/config/admin-client.properties; and the
+#      JMX exporter's jmx-exporter.yml (its rules, HTTPS with JMX_EXPORTER_TLS).
 #   4. the storage tool's format --ignore-formatted --add-scram SCRAM-SHA-512=[name=admin,...]
 #      from a private java @argfile (no password in `ps`); a no-op once the volume holds
 #      data: later password changes go through the API.
@@ -151,6 +152,17 @@ Configuration:
       - {name: kafka.request.logger, level: WARN}
       - {name: org.apache.kafka.controller, level: INFO}
 LOG4J
+
+# The JMX exporter's configuration (KAFKA_OPTS names $conf_dir/jmx-exporter.yml): its rules,
+# then with JMX_EXPORTER_TLS the httpServer block deploy/make-certs.sh wrote for this broker
+# (its PKCS#12 keystore and password), so the exporter serves HTTPS only.
+jmx_rules=${JMX_EXPORTER_RULES:-/opt/settle/jmx-kafka.yml}
+if [[ -r $jmx_rules ]]; then
+  if [[ -n ${JMX_EXPORTER_TLS:-} && ! -r $JMX_EXPORTER_TLS ]]; then
+    die "JMX_EXPORTER_TLS=$JMX_EXPORTER_TLS is not readable: run deploy/make-certs.sh (it writes kafka-N-jmx.yml) and mount it"
+  fi
+  cat "$jmx_rules" ${JMX_EXPORTER_TLS:+"$JMX_EXPORTER_TLS"} >"$conf_dir/jmx-exporter.yml"
+fi
 
 if [[ -n $render_only ]]; then
   exit 0

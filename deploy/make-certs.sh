@@ -2,7 +2,8 @@
 # Makes the deployment's TLS material: two private CAs and one key pair per server.
 #
 # - ca.crt, the stack's CA, signs the servers clients reach: each Kafka broker (a PEM
-#   keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads), each
+#   keystore: key + certificate, the form the brokers' ssl.keystore.type=PEM reads; the same
+#   pair as PKCS#12 for its JMX exporter's HTTPS, kafka-N-jmx.p12 and .yml), each
 #   PostgreSQL server (postgres-a, postgres-b: the settlement cluster's members, their
 #   PostgreSQL and Patroni's REST API; postgres-site-a, -b: each site's own server), each
 #   site's Airflow api-server (airflow-apiserver-a, -b), Prometheus, Alertmanager, the
@@ -137,6 +138,21 @@ for n in 1 2 3; do
   # each run: the certificate may just have been issued again).
   cat "kafka-$n.key" "kafka-$n.crt" >"kafka-$n.pem"
   [[ $EUID -ne 0 ]] || chown 1000:1000 "kafka-$n.pem"
+  # Its JMX exporter's HTTPS: the exporter reads a Java keystore, not PEM, so the same key
+  # pair as PKCS#12 under a password made here, and the exporter's httpServer block naming
+  # both (kafka-start.sh appends it to the exporter's rules). Made again when the
+  # certificate is newer; the password never reaches a command line (`ps`).
+  if [[ ! -s kafka-$n-jmx.p12 || kafka-$n.crt -nt kafka-$n-jmx.p12 || ! -s kafka-$n-jmx.yml ]]; then
+    JMX_PASS=$(openssl rand -hex 24)
+    export JMX_PASS
+    openssl pkcs12 -export -inkey "kafka-$n.key" -in "kafka-$n.crt" -name "kafka-$n" \
+      -out "kafka-$n-jmx.p12" -passout env:JMX_PASS
+    printf '%s\n' "httpServer:" "  ssl:" "    keyStore:" \
+      "      filename: /certs/kafka-$n-jmx.p12" \
+      "      password: $JMX_PASS" "    certificate:" "      alias: kafka-$n" >"kafka-$n-jmx.yml"
+    unset JMX_PASS
+    [[ $EUID -ne 0 ]] || chown 1000:1000 "kafka-$n-jmx.p12" "kafka-$n-jmx.yml"
+  fi
 done
 # Each PostgreSQL server its own: the settlement cluster's members (PostgreSQL and Patroni's
 # REST API) and each site's own server. A site server's key cannot pass for the cluster.

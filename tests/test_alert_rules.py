@@ -107,5 +107,5 @@ def test_the_local_prometheus_scrapes_what_production_does_on_the_stacks_loopbac
     # The exporters that speak HTTPS are scraped over it, verifying the stack's CA.
     for job in local["scrape_configs"]:
         if job["job_name"] in ("postgres", "pushgateway", "alertmanager", "prometheus",
-                               "airflow"):
+                               "airflow", "kafka", "settle-site"):
             assert job["scheme"] == "https" and job["tls_config"]["ca_file"] == "/certs/ca.crt"

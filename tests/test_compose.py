@@ -250,7 +250,10 @@ def _pair(name: str, at: str) -> dict[str, str]:
 
 
 OWN_TLS_FILES: dict[str, dict[str, str]] = {
-    **{b: {**CA, f"{b}.pem": f"/certs/{b}.pem"} for b in BROKERS},
+    # A broker serves its listeners (PEM) and its JMX exporter (PKCS#12 and the exporter's
+    # httpServer block naming it) with its own key pair.
+    **{b: {**CA, f"{b}.pem": f"/certs/{b}.pem", f"{b}-jmx.p12": f"/certs/{b}-jmx.p12",
+           f"{b}-jmx.yml": f"/certs/{b}-jmx.yml"} for b in BROKERS},
     # A member verifies the other and the site servers with ca.crt and etcd with etcd-ca.crt;
     # it logs in to etcd with its own client certificate.
     **{m: {**CA, **_pair(m, "postgres"), **ETCD_CA, **_pair(f"patroni-{m}", "patroni")}
@@ -297,6 +300,8 @@ def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> N
         assert _env(SERVICES[b])["KAFKA_SSL_KEYSTORE_LOCATION"] in _cert_files(SERVICES[b]) \
             .values()
         assert _env(SERVICES[b])["KAFKA_SSL_TRUSTSTORE_LOCATION"] == "/certs/ca.crt"
+        assert _env(SERVICES[b])["JMX_EXPORTER_TLS"] == f"/certs/{b}-jmx.yml"
+        assert _env(SERVICES[b])["KAFKA_OPTS"].endswith(":/opt/kafka/config/jmx-exporter.yml")
     patroni = yaml.safe_load((ROOT / "deploy/patroni/patroni.yml").read_text())
     params = patroni["postgresql"]["parameters"]
     assert params["ssl"] == "on" and params["ssl_cert_file"] == "/certs/postgres.crt"
@@ -665,6 +670,72 @@ def test_kafka_start_script_renders_the_broker_config(tmp_path: Path) -> None:
     assert client["sasl.jaas.config"] == scram
     for f in ("server.properties", "admin-client.properties"):
         assert stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o600, f
+
+
+def test_a_brokers_jmx_exporter_serves_https_only_with_its_own_certificate(
+        tmp_path: Path) -> None:
+    """The exporter's configuration as kafka-start.sh renders it from make-certs.sh's files,
+    loaded by the real agent in a JVM: the metrics over HTTPS verify against the stack's CA
+    under the broker's names; plain HTTP gets no metrics."""
+    import http.client
+    import socket
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    agent = ROOT / ".cache/jars/jmx/jmx_prometheus_javaagent.jar"
+    if shutil.which("java") is None or not agent.exists():
+        pytest.fail("needs java and the JMX exporter agent: run `make jars`")
+    certs = tmp_path / "certs"
+    assert _make_certs(certs).returncode == 0
+    tls = certs / "kafka-1-jmx.yml"
+    assert stat.S_IMODE(tls.stat().st_mode) == stat.S_IMODE(
+        (certs / "kafka-1-jmx.p12").stat().st_mode) == 0o600
+    # In the container the keystore is mounted at /certs; here it stays in tmp_path.
+    tls.write_text(tls.read_text().replace("/certs/", f"{certs}/"))
+    conf = tmp_path / "conf"
+    res = _render_broker(conf, JMX_EXPORTER_RULES=str(ROOT / "deploy/prometheus/jmx-kafka.yml"),
+                         JMX_EXPORTER_TLS=str(tls))
+    assert res.returncode == 0, res.stderr
+    rendered = conf / "jmx-exporter.yml"
+    config = yaml.safe_load(rendered.read_text())
+    assert config["rules"] and config["httpServer"]["ssl"]["certificate"]["alias"] == "kafka-1"
+    assert stat.S_IMODE(rendered.stat().st_mode) == 0o600  # it holds the keystore's password
+    # A broker whose TLS block is not there does not start with plain HTTP.
+    missing = _render_broker(tmp_path / "other", JMX_EXPORTER_RULES=str(rendered),
+                             JMX_EXPORTER_TLS=str(tmp_path / "absent.yml"))
+    assert missing.returncode != 0 and "make-certs.sh" in missing.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "Idle.java").write_text(
+        "public class Idle { public static void main(String[] a) throws Exception "
+        "{ Thread.sleep(120000); } }\n")
+    jvm = subprocess.Popen(["java", f"-javaagent:{agent}=127.0.0.1:{port}:{rendered}",
+                            str(tmp_path / "Idle.java")], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ca = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                for host in ("127.0.0.1", "localhost"):
+                    with urllib.request.urlopen(f"https://{host}:{port}/metrics", timeout=10,
+                                                context=ca) as answer:
+                        assert b"jvm_" in answer.read()
+                break
+            except (ConnectionError, urllib.error.URLError) as exc:
+                if isinstance(exc, urllib.error.URLError) and "refused" not in str(exc):
+                    raise
+                assert jvm.poll() is None and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+        with pytest.raises((OSError, http.client.HTTPException)):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                r.read()
+    finally:
+        jvm.kill()
+        jvm.wait(30)
 
 
 @pytest.mark.parametrize("password", ["a,b", 'q"uote', "sp ace", ""])
