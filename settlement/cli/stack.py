@@ -1,4 +1,4 @@
-"""`settle stack up|down|drill|soak`: the docker-compose deployment on this machine."""
+"""`settle stack build|up|down|drill|soak`: the docker-compose deployment on this machine."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from settlement.config import ConfigError, Settings
 def register(sub: Subparsers) -> None:
     sp = add_command(sub, "stack", "the docker-compose deployment on this machine (images "
                                    "built here, host networking on loopback)", cmd_stack)
-    sp.add_argument("action", choices=["up", "down", "drill", "soak"],
-                    help="up: engine, images, .env, certificates, then every service healthy; "
+    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak"],
+                    help="build: engine, Compose and images only, nothing started; "
+                         "up: engine, images, .env, certificates, then every service healthy; "
                          "down: remove containers and volumes; drill: a faulty day, site-a "
                          "killed, the close run by the stack's scheduler; soak: --days "
                          "compressed trading days, each close created by the scheduler from "
@@ -60,6 +61,8 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         console().print(f"[dim]stack:[/] {message}", highlight=False)
 
     root = _project_root()
+    if args.action == "build":
+        return compose.build(root, log)
     if args.action == "up":
         return compose.up(root, log, cron=args.cron)
     if args.action == "down":

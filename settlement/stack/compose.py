@@ -253,6 +253,16 @@ def _ensure_ports_free() -> None:
         raise ServiceError(message)
 
 
+def build(root: Path, log: Log) -> dict[str, Any]:
+    """Engine, Compose and every image, and nothing started: what `up` needs first, done
+    ahead (`make test` runs it in the background, at the lowest priority, while the suite's
+    first phases run; on a new machine it is most of a first `up`)."""
+    t0 = time.monotonic()
+    open_stack(root, log)
+    images = build_images(root, root / ".cache" / "jars" / "kafka", log)
+    return {"images": images, "seconds": round(time.monotonic() - t0, 1)}
+
+
 def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     """Engine, images, .env and certificates, then the stack; returns how to reach it."""
     t0 = time.monotonic()
