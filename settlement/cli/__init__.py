@@ -26,6 +26,7 @@ from settlement.cli import (
     eod,
     instructions,
     kafka,
+    refdata,
     services,
     simulate,
     site,
@@ -38,7 +39,8 @@ from settlement.errors import redact
 
 # In the order `settle --help` lists their commands.
 GROUPS: tuple[ModuleType, ...] = (
-    status, services, stack, db, kafka, airflow, simulate, site, eod, instructions, drill, demo,
+    status, services, stack, db, kafka, airflow, simulate, site, eod, instructions, refdata,
+    drill, demo,
 )
 
 

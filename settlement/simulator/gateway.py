@@ -272,11 +272,7 @@ class DayGenerator:
     def _trades(self, seqs: dict[int, int]) -> Iterator[Trade]:
         spec = self.spec
         rng = random.Random(f"trades:{spec.seed}:{spec.trade_date}")
-        syms = [TICKERS[i % len(TICKERS)] + ("" if i < len(TICKERS) else str(i // len(TICKERS)))
-                for i in range(spec.symbols)]
-        accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
-        if spec.hostile_names:
-            syms, accounts = with_hostile_names(syms, accounts)
+        syms, accounts = day_names(spec)
         make: type[Trade] = JsonTrade if spec.hostile_names else Trade
         # Skewed volume: a few names trade most of the day (Zipf-like weights).
         weights = [1.0 / (rank + 1) ** 1.1 for rank in range(len(syms))]
@@ -319,6 +315,17 @@ class DayGenerator:
                 seller=seller,
                 executed_at=ts.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             )
+
+
+def day_names(spec: SimulationSpec) -> tuple[list[str], list[str]]:
+    """The symbols and the accounts a day of ``spec`` trades (the reference data the
+    simulator's days need: `settle refdata example`)."""
+    syms = [TICKERS[i % len(TICKERS)] + ("" if i < len(TICKERS) else str(i // len(TICKERS)))
+            for i in range(spec.symbols)]
+    accounts = [f"ACC{n:04d}" for n in range(1, spec.accounts + 1)]
+    if spec.hostile_names:
+        syms, accounts = with_hostile_names(syms, accounts)
+    return syms, accounts
 
 
 def with_hostile_names(symbols: list[str], accounts: list[str]) -> tuple[list[str], list[str]]:
