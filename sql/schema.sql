@@ -210,6 +210,17 @@ CREATE TABLE public.late_amendments (
     CONSTRAINT late_amendments_check CHECK (((amended IS NULL) = (verdict IS NULL))),
     CONSTRAINT late_amendments_kind_check CHECK ((kind = ANY (ARRAY['cancel'::text, 'correct'::text])))
 );
+CREATE TABLE public.participants (
+    account text NOT NULL,
+    participant_id text NOT NULL,
+    bic text NOT NULL,
+    safekeeping_account text NOT NULL,
+    source_file text,
+    loaded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT participants_bic_check CHECK ((bic ~ '^[A-Z]{6}[A-Z0-9]{2}([A-Z0-9]{3})?$'::text)),
+    CONSTRAINT participants_participant_id_check CHECK ((participant_id <> ''::text)),
+    CONSTRAINT participants_safekeeping_account_check CHECK (((length(safekeeping_account) >= 1) AND (length(safekeeping_account) <= 35)))
+);
 CREATE TABLE public.positions (
     trade_date date NOT NULL,
     account text NOT NULL,
@@ -331,6 +342,17 @@ CREATE TABLE public.run_instrument_summary (
     low_price numeric(18,4) CONSTRAINT instrument_summary_low_price_not_null NOT NULL,
     high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL
 );
+CREATE TABLE public.securities (
+    symbol text NOT NULL,
+    isin character(12) NOT NULL,
+    cusip character(9),
+    currency character(3) NOT NULL,
+    source_file text,
+    loaded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT securities_currency_check CHECK ((currency ~ '^[A-Z]{3}$'::text)),
+    CONSTRAINT securities_cusip_check CHECK ((cusip ~ '^[A-Z0-9*@#]{8}[0-9]$'::text)),
+    CONSTRAINT securities_isin_check CHECK ((isin ~ '^[A-Z]{2}[A-Z0-9]{9}[0-9]$'::text))
+);
 CREATE TABLE public.settlement_instructions (
     instruction_id text NOT NULL,
     run_id bigint NOT NULL,
@@ -451,6 +473,8 @@ ALTER TABLE ONLY public.instrument_summary
     ADD CONSTRAINT instrument_summary_pkey PRIMARY KEY (trade_date, symbol);
 ALTER TABLE ONLY public.late_amendments
     ADD CONSTRAINT late_amendments_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
+ALTER TABLE ONLY public.participants
+    ADD CONSTRAINT participants_pkey PRIMARY KEY (account);
 ALTER TABLE ONLY public.positions
     ADD CONSTRAINT positions_pkey PRIMARY KEY (trade_date, account, symbol);
 ALTER TABLE ONLY public.published_days
@@ -463,6 +487,10 @@ ALTER TABLE ONLY public.run_instrument_summary
     ADD CONSTRAINT run_instrument_summary_pkey PRIMARY KEY (run_id, symbol);
 ALTER TABLE ONLY public.run_positions
     ADD CONSTRAINT run_positions_pkey PRIMARY KEY (run_id, account, symbol);
+ALTER TABLE ONLY public.securities
+    ADD CONSTRAINT securities_isin_key UNIQUE (isin);
+ALTER TABLE ONLY public.securities
+    ADD CONSTRAINT securities_pkey PRIMARY KEY (symbol);
 ALTER TABLE ONLY public.settlement_instructions
     ADD CONSTRAINT settlement_instructions_pkey PRIMARY KEY (instruction_id);
 ALTER TABLE ONLY public.settlement_instructions
