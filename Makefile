@@ -173,7 +173,9 @@ stack-build: setup
 # frozen (docker pause past the leases); FAULT=site-partition|standby-partition SITE=a|b: the
 # primary's or the standby's site cut off alive (packets dropped), then healed (AT=ingest|close:
 # mid-day, or while the site's own close holds the date);
-# FAULT=witness-partition: the witness cut off. Without FAULT, site-a's consumer is killed.
+# FAULT=witness-partition: the witness cut off. FAULT=switchover-at-commit: a close frozen
+# around its publishing commit while the settlement primary switches over (issue 56's crash
+# points on the stack). Without FAULT, site-a's consumer is killed.
 stack-drill: setup
 	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) $(if $(FAULT),--fault $(FAULT) --site $(or $(SITE),a)) $(if $(AT),--at $(AT)) --json
 DAYS ?= 3

@@ -761,6 +761,25 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
         # until the WAL sender drops A (8 s) and Patroni's next loop (3 s), then go on.
         assert cut["standby_cut_commits"] > 0 and cut["whole_after_standby_cut"] is True, cut
         assert cut["commit_stall_s"] is not None and cut["commit_stall_s"] <= 15, cut
+        # The crash points around the publishing commit on the stack (issue 56): a close
+        # frozen there while the settlement primary switches over to site B's member, woken,
+        # then the date closed again as site B. One publication and one instruction set
+        # either way: before the commit the woken close fails and B publishes; after it, the
+        # woken close finishes its publication and B computes nothing (one run only).
+        sw = _make("stack-drill", "FAULT=switchover-at-commit", "DATE=2026-03-09",
+                   "TRADES=2000", timeout=2400)
+        assert sw["passed"] is True and [p["point"] for p in sw["points"]] == [
+            "publish.before_commit", "publish.after_commit"], sw
+        for point in sw["points"]:
+            assert point["publications"] == 1 and point["instruction_sets"] == 1, point
+            assert point["instruction_set_is_published"] is True, point
+            assert point["lost"] == 0 and point["duplicated"] == 0, point
+            assert point["positions_match"] is True, point
+            assert not point["settlement_runs"].get("running"), point
+        before, after = sw["points"]
+        assert before["first_exit"] != 0 and before["closed_by"] == "b", before
+        assert after["first_exit"] == 0 and after["closed_by"] == "a", after
+        assert after["settlement_runs"] == {"succeeded": 1}, after
         # The scheduler fires by itself: compressed trading days, a site killed in each.
         # Two days (three before issue 41 added the site drills: CI's hour).
         soak = _make("stack-soak", "DAYS=1", "MINUTES=4", "TRADES=20000", timeout=3000)

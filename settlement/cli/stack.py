@@ -24,13 +24,17 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
     sp.add_argument("--fault", choices=["site-loss", "site-freeze", "site-partition",
-                                        "standby-partition", "witness-partition"],
+                                        "standby-partition", "witness-partition",
+                                        "switchover-at-commit"],
                     default=None,
                     help="drill: lose a whole site (every container SIGKILLed, then started "
                          "again), freeze it (docker pause past the leases), cut it off alive "
                          "(site-partition: the primary's site; standby-partition: the "
                          "standby's; witness-partition: the witness; packets dropped, then "
-                         "healed); without it, site-a's consumer is killed")
+                         "healed); switchover-at-commit: a close frozen just before and just "
+                         "after its publishing commit while the settlement primary switches "
+                         "over, then closed again at the other site (a day each); without it, "
+                         "site-a's consumer is killed")
     sp.add_argument("--site", choices=["a", "b"], default="a",
                     help="drill with --fault: the site lost, frozen or cut off (for "
                          "witness-partition: the site holding the primary)")
@@ -84,6 +88,10 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
             result = run_partition_drill(stack, args.fault, args.site, args.date, args.trades,
                                          log, seed=args.seed, at=args.at)
+        elif args.fault == "switchover-at-commit":
+            from settlement.stack.crash_drill import run_switchover_drill
+
+            result = run_switchover_drill(stack, args.date, args.trades, log, seed=args.seed)
         elif args.fault:
             from settlement.stack.site_drill import run_site_drill
 

@@ -395,7 +395,11 @@ def client_info(stack: Stack) -> dict[str, Any]:
     }
 
 
-def pg_dsn(env: dict[str, str], user: str, password: str | None, db: str, ca: str) -> str:
+def pg_dsn(env: dict[str, str], user: str, password: str | None, db: str, ca: str,
+           address: str | None = None) -> str:
+    """A DSN for the settlement cluster (its primary), or for the one server at
+    ``address`` (a site's own server: ledger_a, ledger_b)."""
     login = user if password is None else f"{user}:{password}"
-    return (f"postgresql://{login}@{env['PG_ADDRESS']}/{db}"
-            f"?sslmode=verify-full&sslrootcert={ca}&target_session_attrs=read-write")
+    primary = "" if address else "&target_session_attrs=read-write"
+    return (f"postgresql://{login}@{address or env['PG_ADDRESS']}/{db}"
+            f"?sslmode=verify-full&sslrootcert={ca}{primary}")

@@ -39,15 +39,17 @@ def stack_settings(stack: Stack) -> Settings:
     env = stack.env()
     ca = str(stack.certs / "ca.crt")
 
-    def dsn(db: str) -> str:
-        return pg_dsn(env, "settle_eod", env["SETTLE_PG_SETTLEMENT_PASSWORD"], db, ca)
+    def dsn(db: str, address: str | None = None) -> str:
+        return pg_dsn(env, "settle_eod", env["SETTLE_PG_SETTLEMENT_PASSWORD"], db, ca, address)
 
     return Settings(
         kafka_bootstrap=env["KAFKA_BOOTSTRAP"], kafka_security_protocol="SASL_SSL",
         kafka_sasl_mechanism="SCRAM-SHA-512", kafka_sasl_username="auditor",
         kafka_sasl_password=env["SETTLE_KAFKA_AUDITOR_PASSWORD"], kafka_ssl_ca_location=ca,
         topic=env.get("SETTLE_TOPIC", "trades"), partitions=int(env.get("SETTLE_PARTITIONS", "6")),
-        pg_dsn=dsn("settlement"), ledger_a_dsn=dsn("ledger_a"), ledger_b_dsn=dsn("ledger_b"),
+        # ledger_a and ledger_b live on each site's own server, not in the cluster.
+        pg_dsn=dsn("settlement"), ledger_a_dsn=dsn("ledger_a", env["PG_SITE_A_ADDRESS"]),
+        ledger_b_dsn=dsn("ledger_b", env["PG_SITE_B_ADDRESS"]),
         ledger_shared_dsn=dsn("ledger_shared"),
     )
 
