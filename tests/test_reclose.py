@@ -249,6 +249,44 @@ def test_a_held_reclose_is_one_at_a_time_bound_to_its_base_and_approved_by_anoth
 
 
 @pytest.mark.services
+def test_a_reclose_killed_once_held_stays_the_one_held_and_publishes_once(
+        isolated: Isolated, amended_day: dict[str, Any]) -> None:
+    """The re-close's crash point (issue 56): the process that computed and held a re-close
+    SIGKILLed right after holding it. The held run stands (not computed again): a re-close at
+    the other site is refused naming it, and its approval by another user publishes it once,
+    as version 2 with one instruction set."""
+    import subprocess
+    import sys
+
+    s = isolated.settings
+    code = ("from settlement.config import load_settings\n"
+            "from settlement.orchestration.reclose import compute\n"
+            f"compute(load_settings(), {DAY!r}, 'db', triggered_by='ops-a')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, env={**isolated.env, "SETTLE_SITE_NAME": "a",
+                                           "SETTLE_CRASH_AT": "reclose.held:kill"})
+    assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
+    assert "crash point reclose.held: kill" in res.stderr
+    with connect(s.settlement_dsn) as conn:
+        held = conn.execute(
+            "select run_id from settlement_runs where trade_date = %s and based_on_run = %s"
+            " and published_at is null", (DAY, amended_day["run1"])).fetchall()
+    assert len(held) == 1, held
+    with pytest.raises(RecloseHeld, match=f"run {held[0][0]} is a re-close held"):
+        run_eod(s.model_copy(update={"site_name": "b"}), DAY, reclose=True,
+                triggered_by="ops-b")
+    published = publish_held(s, held[0][0], DAY, approved_by="ops-b")
+    assert published_run(s, DAY) == held[0][0], published
+    with connect(s.settlement_dsn) as conn:
+        versions = conn.execute(
+            "select r.run_id, r.version, (select count(distinct i.run_id) from"
+            " settlement_instructions i where i.run_id = r.run_id) from settlement_runs r"
+            " where r.trade_date = %s and r.published_at is not null order by r.version",
+            (DAY,)).fetchall()
+    assert versions == [(amended_day["run1"], 1, 1), (held[0][0], 2, 1)], versions
+
+
+@pytest.mark.services
 def test_a_reclose_joins_the_close_of_the_date_in_progress(
         isolated: Isolated, amended_day: dict[str, Any]) -> None:
     s = isolated.settings.for_component("settlement")
