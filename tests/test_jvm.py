@@ -165,3 +165,24 @@ def test_a_jvm_that_never_started_releases_the_lock(tmp_path, jars):
     assert not J.finish_archive(d, exited_cleanly=False)
     assert not Path(f"{d.archive_path}.lock").exists() and not d.archive_path.exists()
     assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+
+
+def test_the_setup_warm_up_says_why_it_builds_nothing(tmp_path):
+    """`make setup`'s warm-up (settlement.spark.warmup) never fails the setup: with one of its
+    ports taken it starts nothing and says which port and what happens instead."""
+    import socket
+
+    from settlement.spark import warmup
+
+    settings = load_settings(jars_dir=tmp_path / "jars", state_dir=tmp_path / "state")
+    assert not warmup.archive_present(settings)
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", warmup.PORTS["SETTLE_PG_PORT"]))
+        listener.listen()
+        said = warmup.build(settings)
+    assert said == ("not built: pg_port 26432 in use on 127.0.0.1; the first close builds it "
+                    "instead")
+    assert not (tmp_path / "state").exists()
+    off = load_settings(jars_dir=tmp_path / "jars", spark_class_archive=False)
+    assert "nothing to build" in warmup.build(off)
