@@ -239,13 +239,18 @@ def test_a_held_reclose_is_one_at_a_time_bound_to_its_base_and_approved_by_anoth
     with pytest.raises(BaseMoved, match=f"computed against run {amended_day['run1']}"):
         publish_held(s, held["run_id"], DAY, approved_by="ops-b")
     assert published_run(s, DAY) == rerun["run_id"]
+    versions = _published_versions(s)
+    assert versions == [(amended_day["run1"], 1, 1), (rerun["run_id"], 2, 1)], versions
+
+
+def _published_versions(s: Any) -> list[tuple[int, int, int]]:
+    """(run, version, instruction sets it wrote) of each published version of DAY."""
     with connect(s.settlement_dsn) as conn:
-        versions = conn.execute(
+        return conn.execute(
             "select r.run_id, r.version, (select count(distinct i.run_id) from"
             " settlement_instructions i where i.run_id = r.run_id) from settlement_runs r"
             " where r.trade_date = %s and r.published_at is not null order by r.version",
             (DAY,)).fetchall()
-    assert versions == [(amended_day["run1"], 1, 1), (rerun["run_id"], 2, 1)], versions
 
 
 @pytest.mark.services
@@ -277,12 +282,7 @@ def test_a_reclose_killed_once_held_stays_the_one_held_and_publishes_once(
                 triggered_by="ops-b")
     published = publish_held(s, held[0][0], DAY, approved_by="ops-b")
     assert published_run(s, DAY) == held[0][0], published
-    with connect(s.settlement_dsn) as conn:
-        versions = conn.execute(
-            "select r.run_id, r.version, (select count(distinct i.run_id) from"
-            " settlement_instructions i where i.run_id = r.run_id) from settlement_runs r"
-            " where r.trade_date = %s and r.published_at is not null order by r.version",
-            (DAY,)).fetchall()
+    versions = _published_versions(s)
     assert versions == [(amended_day["run1"], 1, 1), (held[0][0], 2, 1)], versions
 
 

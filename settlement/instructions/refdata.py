@@ -21,10 +21,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import astuple, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from settlement.config import Settings
 from settlement.contract import BUYER, SYMBOL
@@ -54,6 +54,9 @@ class Participant:
     participant_id: str
     bic: str
     safekeeping_account: str
+
+
+_Row = TypeVar("_Row", "Security", "Participant")
 
 
 def _currencies() -> frozenset[str]:
@@ -109,11 +112,10 @@ def check_participant(account: str, participant_id: str, bic: str,
     return problems
 
 
-def _rows(path: Path, header: tuple[str, ...]) -> Iterable[tuple[int, list[str]]]:
+def _rows(path: Path, data: bytes, header: tuple[str, ...]
+          ) -> Iterable[tuple[int, list[str]]]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise RefDataError(f"{path}: no such file") from None
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise RefDataError(f"{path}: not UTF-8 text") from None
     # csv's own line splitting: str.splitlines would also split at U+2028 and the like.
@@ -128,55 +130,54 @@ def _rows(path: Path, header: tuple[str, ...]) -> Iterable[tuple[int, list[str]]
             yield reader.line_num, [row[0], *(c.strip() for c in row[1:])]
 
 
-def _refuse(path: Path, errors: list[str]) -> None:
-    if errors:
-        more = len(errors) - MAX_NAMED
-        raise RefDataError(f"{path}: nothing loaded: " + "; ".join(errors[:MAX_NAMED])
-                           + (f"; and {more} more" if more > 0 else ""))
-
-
-def read_securities(path: Path) -> list[Security]:
-    out: list[Security] = []
+def _read(path: Path, header: tuple[str, ...],
+          make: Callable[[list[str]], tuple[_Row, list[str], tuple[str, ...]]]
+          ) -> tuple[list[_Row], str]:
+    """A reference file's rows, each made and checked by ``make`` (the row, its problems,
+    the keys no other line may repeat), and the SHA-256 of the bytes they came from; every
+    problem named, or nothing (RefDataError)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise RefDataError(f"{path}: no such file") from None
+    out: list[_Row] = []
     errors: list[str] = []
     seen: dict[str, int] = {}
-    for line, row in _rows(path, SECURITIES_HEADER):
-        if len(row) != len(SECURITIES_HEADER):
-            errors.append(f"line {line}: {len(row)} fields, expected {len(SECURITIES_HEADER)}")
+    for line, row in _rows(path, data, header):
+        if len(row) != len(header):
+            errors.append(f"line {line}: {len(row)} fields, expected {len(header)}")
             continue
-        symbol, isin, cusip, currency = row[0], row[1].upper(), row[2].upper(), row[3].upper()
-        problems = check_security(symbol, isin, cusip, currency)
-        for key in (f"symbol {symbol}", f"ISIN {isin}"):
+        item, problems, keys = make(row)
+        for key in keys:
             if key in seen:
                 problems.append(f"{key} is on line {seen[key]} too")
             seen.setdefault(key, line)
         errors += [f"line {line}: {p}" for p in problems]
-        out.append(Security(symbol, isin, cusip or None, currency))
-    _refuse(path, errors)
-    return out
+        out.append(item)
+    if errors:
+        more = len(errors) - MAX_NAMED
+        raise RefDataError(f"{path}: nothing loaded: " + "; ".join(errors[:MAX_NAMED])
+                           + (f"; and {more} more" if more > 0 else ""))
+    return out, hashlib.sha256(data).hexdigest()
+
+
+def _security(row: list[str]) -> tuple[Security, list[str], tuple[str, ...]]:
+    symbol, isin, cusip, currency = row[0], row[1].upper(), row[2].upper(), row[3].upper()
+    return (Security(symbol, isin, cusip or None, currency),
+            check_security(symbol, isin, cusip, currency), (f"symbol {symbol}", f"ISIN {isin}"))
+
+
+def _participant(row: list[str]) -> tuple[Participant, list[str], tuple[str, ...]]:
+    p = Participant(row[0], row[1], row[2].upper(), row[3])
+    return p, check_participant(*astuple(p)), (f"account {p.account}",)
+
+
+def read_securities(path: Path) -> list[Security]:
+    return _read(path, SECURITIES_HEADER, _security)[0]
 
 
 def read_participants(path: Path) -> list[Participant]:
-    out: list[Participant] = []
-    errors: list[str] = []
-    seen: dict[str, int] = {}
-    for line, row in _rows(path, PARTICIPANTS_HEADER):
-        if len(row) != len(PARTICIPANTS_HEADER):
-            errors.append(f"line {line}: {len(row)} fields, expected "
-                          f"{len(PARTICIPANTS_HEADER)}")
-            continue
-        p = Participant(row[0], row[1], row[2].upper(), row[3])
-        problems = check_participant(*astuple(p))
-        if p.account in seen:
-            problems.append(f"account {p.account} is on line {seen[p.account]} too")
-        seen.setdefault(p.account, line)
-        errors += [f"line {line}: {x}" for x in problems]
-        out.append(p)
-    _refuse(path, errors)
-    return out
-
-
-def _digest(path: Path | None) -> str | None:
-    return None if path is None else hashlib.sha256(path.read_bytes()).hexdigest()
+    return _read(path, PARTICIPANTS_HEADER, _participant)[0]
 
 
 def load(settings: Settings, securities: Path | None, participants: Path | None
@@ -185,8 +186,9 @@ def load(settings: Settings, securities: Path | None, participants: Path | None
     last load replaces the stored one). Returns what changed."""
     if securities is None and participants is None:
         raise RefDataError("nothing to load: give --securities FILE and/or --participants FILE")
-    secs = read_securities(securities) if securities else []
-    parts = read_participants(participants) if participants else []
+    secs, secs_sha = _read(securities, SECURITIES_HEADER, _security) if securities else ([], None)
+    parts, parts_sha = (_read(participants, PARTICIPANTS_HEADER, _participant) if participants
+                        else ([], None))
     s = settings.for_component("settlement")
     out: dict[str, Any] = {}
     with connect(s.settlement_dsn) as conn, conn.transaction():
@@ -206,9 +208,9 @@ def load(settings: Settings, securities: Path | None, participants: Path | None
                 {"account": x.account, "participant_id": x.participant_id, "bic": x.bic,
                  "safekeeping_account": x.safekeeping_account} for x in parts])
     return {**out, "securities_file": str(securities) if securities else None,
-            "securities_sha256": _digest(securities),
+            "securities_sha256": secs_sha,
             "participants_file": str(participants) if participants else None,
-            "participants_sha256": _digest(participants)}
+            "participants_sha256": parts_sha}
 
 
 def _upsert(conn: Any, query: str, path: Path | None, rows: list[dict[str, Any]]
@@ -222,14 +224,6 @@ def _upsert(conn: Any, query: str, path: Path | None, rows: list[dict[str, Any]]
         else:
             counts["added" if got[0] else "changed"] += 1
     return counts
-
-
-def stored(settings: Settings) -> dict[str, int]:
-    """How many securities and participants the settlement database holds."""
-    s = settings.for_component("settlement")
-    with connect(s.settlement_dsn) as conn:
-        row = conn.execute(q("refdata", "counts")).fetchone()
-    return {"securities": int(row[0]), "participants": int(row[1])} if row else {}
 
 
 def _isin_of(n: int) -> tuple[str, str]:

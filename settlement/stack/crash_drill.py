@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from settlement.db import connect
+from settlement.db import connect, q
 from settlement.drills.checker import wait_for_share
 from settlement.errors import ServiceError
 from settlement.stack import sites
@@ -82,9 +82,8 @@ def _wait_said(proc: subprocess.Popen[str], log_file: Path, line: str, timeout: 
 
 def _instruction_sets(settings: Any, trade_date: str) -> list[int]:
     with connect(settings.settlement_dsn, autocommit=True) as conn:
-        return [int(r[0]) for r in conn.execute(
-            "select distinct run_id from settlement_instructions where trade_date = %s"
-            " order by 1", (trade_date,))]
+        return [int(r[0]) for r in conn.execute(q("drill", "instruction_sets"),
+                                                {"trade_date": trade_date})]
 
 
 def _one_point(stack: Stack, point: str, trade_date: str, trades: int, seed: int,

@@ -67,3 +67,7 @@ select status, count(*) from settlement_runs where trade_date = %(trade_date)s g
 -- name: published_positions
 -- The date's published net positions (settlement database), for an independent netting.
 select account, symbol, net_qty, net_cash from positions where trade_date = %(trade_date)s
+
+-- name: instruction_sets
+-- Every run that wrote instructions for the date: one publication means one set.
+select distinct run_id from settlement_instructions where trade_date = %(trade_date)s order by 1

@@ -29,6 +29,3 @@ on conflict (account) do update
     where (p.participant_id, p.bic, p.safekeeping_account) is distinct from
           (excluded.participant_id, excluded.bic, excluded.safekeeping_account)
 returning xmax = 0
-
--- name: counts
-select (select count(*) from securities), (select count(*) from participants)
