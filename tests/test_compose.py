@@ -27,8 +27,13 @@ import yaml
 from settlement.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
-COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+# docker-compose.yml and the two files it includes, each site's own (issue 58).
+SITE_FILES = {site: ROOT / "deploy" / "compose" / f"site-{site}.yml" for site in ("a", "b")}
+FILES = (ROOT / "docker-compose.yml", *SITE_FILES.values())
+COMPOSE_TEXT = "".join(f.read_text() for f in FILES)
+PARSED = {f: yaml.safe_load(f.read_text()) for f in FILES}
+COMPOSE = {"services": {k: v for d in PARSED.values() for k, v in d["services"].items()},
+           "volumes": {k: v for d in PARSED.values() for k, v in (d.get("volumes") or {}).items()}}
 SERVICES: dict[str, Any] = COMPOSE["services"]
 SETTLE_NAMES = {f"SETTLE_{name.upper()}" for name in Settings.model_fields}
 BROKERS = ("kafka-1", "kafka-2", "kafka-3")
@@ -130,15 +135,42 @@ PG_USERS = {"migrate": {PG_ADMIN}, "migrate-a": {PG_ADMIN}, "migrate-b": {PG_ADM
                 (f"airflow-users-{site}", {"airflow"}))}}
 
 
-def _env_example() -> tuple[set[str], set[str]]:
-    """(variables set in .env.example, variables only shown commented out)."""
+def _env_example(name: str = ".env.example") -> tuple[set[str], set[str]]:
+    """(variables set in an example env file, variables only shown commented out)."""
     active, commented = set(), set()
-    for line in (ROOT / ".env.example").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         if m := re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=", line):
             active.add(m.group(1))
         elif m := re.match(r"^#\s*([A-Z_][A-Z0-9_]*)=", line):
             commented.add(m.group(1))
     return active, commented
+
+
+# Each compose file and the example of the env file compose reads it with: the shared tier's
+# and each site's.
+ENV_EXAMPLES = {
+    ".env.example": (ROOT / "docker-compose.yml").read_text(),
+    **{f".env.site-{site}.example": f.read_text() for site, f in SITE_FILES.items()},
+}
+# What only the shared tier may hold: the cluster's admin, replication and Patroni logins,
+# Kafka's admin, the gateway's and the auditors' Kafka logins, the monitoring login.
+SHARED_ONLY = {"SETTLE_PG_ADMIN_PASSWORD", "SETTLE_PG_REPLICATION_PASSWORD",
+               "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD", "KAFKA_ADMIN_PASSWORD",
+               "SETTLE_KAFKA_GATEWAY_PASSWORD", "SETTLE_KAFKA_AUDITOR_PASSWORD",
+               "MONITORING_PASSWORD", "MONITORING_PASSWORD_BCRYPT", "KAFKA_CLUSTER_ID"}
+# What only one site may hold: its Airflow's key, secrets and metadata login, its server's
+# admin, its consumer's logins (these two also in the shared .env, whose migrate and
+# kafka-init create them).
+SITE_OWN = {
+    "a": {"AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+          "AIRFLOW_DB_PASSWORD", "SETTLE_PG_SITE_A_ADMIN_PASSWORD", "SETTLE_PG_SITE_A_PASSWORD",
+          "SETTLE_KAFKA_SITE_A_PASSWORD"},
+    "b": {"AIRFLOW_B_FERNET_KEY", "AIRFLOW_B_JWT_SECRET", "AIRFLOW_B_API_SECRET_KEY",
+          "AIRFLOW_B_DB_PASSWORD", "SETTLE_PG_SITE_B_ADMIN_PASSWORD", "SETTLE_PG_SITE_B_PASSWORD",
+          "SETTLE_KAFKA_SITE_B_PASSWORD"},
+}
+CONSUMER_LOGINS = {"SETTLE_PG_SITE_A_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD",
+                   "SETTLE_PG_SITE_B_PASSWORD", "SETTLE_KAFKA_SITE_B_PASSWORD"}
 
 
 # -- shape ---------------------------------------------------------------------------------
@@ -429,13 +461,52 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
     assert lost.returncode != 0 and "CA's key is not in" in lost.stderr, lost.stderr
 
 
-def test_every_compose_variable_is_in_env_example() -> None:
-    active, commented = _env_example()
-    for name, op, _ in VAR_REF.findall(COMPOSE_TEXT):
-        if op.endswith("-"):  # has a default: may be documented commented out
-            assert name in active | commented, f"${{{name}}} is not in .env.example"
-        else:
-            assert name in active, f"required ${{{name}}} is not set in .env.example"
+def test_every_compose_variable_is_in_its_env_example() -> None:
+    for example, text in ENV_EXAMPLES.items():
+        active, commented = _env_example(example)
+        for name, op, _ in VAR_REF.findall(text):
+            if op.endswith("-"):  # has a default: may be documented commented out
+                assert name in active | commented, f"${{{name}}} is not in {example}"
+            else:
+                assert name in active, f"required ${{{name}}} is not set in {example}"
+
+
+def test_a_sites_file_names_no_secret_of_the_other_site_or_the_shared_tier() -> None:
+    """Issue 58: compose reads each site's file with that site's own env file, so what the
+    file names is all that file needs. Neither names the other's secrets nor the shared
+    tier's; the shared file names no site's Airflow secret or server admin."""
+    named = {site: {n for n, _, _ in VAR_REF.findall(f.read_text())}
+             for site, f in SITE_FILES.items()}
+    shared = {n for n, _, _ in VAR_REF.findall(ENV_EXAMPLES[".env.example"])}
+    for site, other in (("a", "b"), ("b", "a")):
+        assert SITE_OWN[site] <= named[site], SITE_OWN[site] - named[site]
+        assert not named[site] & SITE_OWN[other], named[site] & SITE_OWN[other]
+        assert not named[site] & SHARED_ONLY, named[site] & SHARED_ONLY
+        assert not (SITE_OWN[site] - CONSUMER_LOGINS) & shared
+        active, _ = _env_example(f".env.site-{site}.example")
+        assert not active & (SITE_OWN[other] | SHARED_ONLY), active & (SITE_OWN[other]
+                                                                       | SHARED_ONLY)
+    active, _ = _env_example()
+    assert not active & ((SITE_OWN["a"] | SITE_OWN["b"]) - CONSUMER_LOGINS)
+    # docker-compose.yml reads each site's file with its own env file.
+    main = PARSED[ROOT / "docker-compose.yml"]
+    assert [(i["path"], i["env_file"]) for i in main["include"]] == [
+        ("deploy/compose/site-a.yml", ".env.site-a"), ("deploy/compose/site-b.yml", ".env.site-b")]
+
+
+def test_the_shared_blocks_copied_into_the_site_files_stay_equal() -> None:
+    """YAML anchors do not cross files: each site file holds its own copy of the x- blocks
+    both use (and docker-compose.yml of those it uses too). They must not drift apart."""
+    def blocks(f: Path) -> dict[str, Any]:
+        text = re.sub(r"\.env\.site-[ab]\b", ".env", f.read_text())
+        return {k: v for k, v in yaml.safe_load(text).items() if k.startswith("x-")}
+    a, b, main = blocks(SITE_FILES["a"]), blocks(SITE_FILES["b"]), blocks(FILES[0])
+    common = set(a) & set(b)
+    assert {"x-airflow-env", "x-airflow-scheduler-env", "x-app-image", "x-ca-crt"} <= common
+    for name in common:
+        assert a[name] == b[name], name
+        if name in main:
+            assert a[name] == main[name], name
 
 
 def test_no_secrets_committed() -> None:

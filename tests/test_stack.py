@@ -39,7 +39,7 @@ def test_stack_env_holds_every_required_value_privately_and_keeps_its_secrets(
     again = envfile.write_env(path, tmp_path / "certs", cron="*/3 * * * *")
     assert {k: again[k] for k in envfile.PASSWORDS} == {k: first[k] for k in envfile.PASSWORDS}
     assert again["AIRFLOW_FERNET_KEY"] == first["AIRFLOW_FERNET_KEY"]
-    assert envfile.read_env(path)["SETTLE_EOD_CRON"] == "*/3 * * * *"
+    assert envfile.read_all(path)["SETTLE_EOD_CRON"] == "*/3 * * * *"
     # The monitoring login's hash: kept while it matches, single-quoted (compose would expand
     # its `$`), read back whole; a changed password gets a new one.
     import bcrypt
@@ -69,13 +69,55 @@ def test_an_older_env_keeps_the_secrets_its_servers_were_made_with(tmp_path: Pat
     assert first["AIRFLOW_B_FERNET_KEY"] != first["AIRFLOW_FERNET_KEY"]
     older = {k: v for k, v in first.items() if k not in envfile.INHERITED
              and not k.startswith("AIRFLOW_B_")}
-    path.write_text(envfile.env_text(older))
+    path.write_text(envfile.env_text(older))  # one .env then: no site had a file of its own
+    for site in envfile.SITES:
+        envfile.site_env_path(path, site).unlink()
     again = envfile.write_env(path, tmp_path / "certs")
     for new, shared in envfile.INHERITED.items():
         assert again[new] == first[shared], new
     own, kept = again["AIRFLOW_B_FERNET_KEY"].split(",")
     assert kept == first["AIRFLOW_FERNET_KEY"] and own != kept
     assert again["AIRFLOW_B_JWT_SECRET"] != again["AIRFLOW_JWT_SECRET"]
+
+
+def test_each_site_gets_an_env_file_of_its_own_and_an_older_env_is_split(
+        tmp_path: Path) -> None:
+    """Issue 58: .env.site-a / .env.site-b hold exactly what their compose file names (every
+    value it requires among them), 0600; neither holds the other site's secrets nor the
+    shared tier's admins; the shared .env holds no site's Airflow secrets. A single .env an
+    older version wrote is split with every value kept."""
+    path = tmp_path / ".env"
+    merged = envfile.write_env(path, tmp_path / "certs")
+    files = {site: envfile.read_env(envfile.site_env_path(path, site)) for site in "ab"}
+    shared = envfile.read_env(path)
+    for site, other in (("a", "b"), ("b", "a")):
+        site_path = envfile.site_env_path(path, site)
+        assert stat.S_IMODE(site_path.stat().st_mode) == 0o600
+        compose = (ROOT / envfile.SITE_COMPOSE[site]).read_text()
+        assert set(files[site]) == envfile.compose_variables(compose) & set(merged)
+        assert set(REQUIRED.findall(compose)) <= set(files[site])
+        own = {f"SETTLE_PG_SITE_{site.upper()}_ADMIN_PASSWORD",
+               "AIRFLOW_FERNET_KEY" if site == "a" else "AIRFLOW_B_FERNET_KEY"}
+        theirs = {f"SETTLE_PG_SITE_{other.upper()}_ADMIN_PASSWORD",
+                  f"SETTLE_KAFKA_SITE_{other.upper()}_PASSWORD",
+                  "AIRFLOW_FERNET_KEY" if other == "a" else "AIRFLOW_B_FERNET_KEY"}
+        assert own <= set(files[site]) and not theirs & set(files[site])
+        assert not own & set(shared)
+        assert not {"KAFKA_ADMIN_PASSWORD", "SETTLE_PG_ADMIN_PASSWORD", "PATRONI_RESTAPI_PASSWORD",
+                    "MONITORING_PASSWORD"} & set(files[site])
+        # Its secret values too: none of the other site's own appears in it under any name.
+        assert merged[next(iter(theirs))] not in site_path.read_text()
+    assert set(REQUIRED.findall((ROOT / "docker-compose.yml").read_text())) <= set(shared)
+    assert envfile.read_all(path) == merged
+    # An older single .env: everything in it, no site file. Split, nothing changed.
+    for site in envfile.SITES:
+        envfile.site_env_path(path, site).unlink()
+    path.write_text(envfile.env_text(merged))
+    again = envfile.write_env(path, tmp_path / "certs")
+    assert again == merged
+    assert "AIRFLOW_FERNET_KEY" not in envfile.read_env(path)
+    assert envfile.read_env(envfile.site_env_path(path, "a"))["AIRFLOW_FERNET_KEY"] == \
+        merged["AIRFLOW_FERNET_KEY"]
 
 
 def test_an_operators_airflow_address_is_kept_and_named_by_the_urls(tmp_path: Path) -> None:

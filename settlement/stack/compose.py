@@ -27,7 +27,7 @@ from settlement.stack.images import build_images, prune_left_builds
 
 PROJECT = "dual-site-settlement"
 PROJECT_FILTER = f"label=com.docker.compose.project={PROJECT}"  # `docker ps`/`volume ls`
-OVERRIDE = Path("deploy/local/docker-compose.local.yml")
+OVERRIDE = envfile.OVERRIDE_FILE
 # Run once and exit 0; everything else keeps running (and is healthy, where it says how).
 ONE_SHOT = ("kafka-init", "migrate", "migrate-a", "migrate-b",
             *(f"airflow-{job}-{site}" for site in "ab" for job in ("init", "users", "pools")))
@@ -71,7 +71,7 @@ class Stack:
                    cwd=self.root)
 
     def env(self) -> dict[str, str]:
-        return envfile.read_env(self.env_path)
+        return envfile.read_all(self.env_path)
 
     def logs_tail(self, service: str, lines: int = 40, chars: int = 4000) -> str:
         """The last ``lines`` of a service's log, for an error message: a stack that stops
@@ -268,7 +268,7 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     t0 = time.monotonic()
     stack = open_stack(root, log)
     build_images(root, root / ".cache" / "jars" / "kafka", log)
-    old = envfile.read_env(stack.env_path)
+    old = envfile.read_all(stack.env_path)
     envfile.make_certs(root, stack.certs,
                        old.get("AIRFLOW_BIND_ADDRESS") or envfile.DEFAULT_AIRFLOW_BIND)
     env_is_new = not old.get("KAFKA_CLUSTER_ID")
@@ -391,6 +391,8 @@ def client_info(stack: Stack) -> dict[str, Any]:
         "prometheus_url": env["PROMETHEUS_URL"],
         "alertmanager_url": env["ALERTMANAGER_URL"],
         "env_file": str(stack.env_path),
+        "site_env_files": {site: str(envfile.site_env_path(stack.env_path, site))
+                           for site in envfile.SITES},
         "secrets_file": str(stack.secrets_path),
     }
 

@@ -1,5 +1,12 @@
-"""The stack's .env: random secrets (0600), kept across runs, and the loopback addresses of
-deploy/local/docker-compose.local.yml. Also its TLS material (deploy/make-certs.sh)."""
+"""The stack's environment files: random secrets (0600), kept across runs, and the loopback
+addresses of deploy/local/docker-compose.local.yml. Also its TLS material
+(deploy/make-certs.sh).
+
+Three files, as docker-compose.yml reads them (issue 58): ``.env.site-a`` and ``.env.site-b``
+hold exactly the variables their site's compose file (deploy/compose/site-a.yml, site-b.yml)
+names, so a site's secrets are in its own file only; ``.env`` holds the rest, and every
+variable docker-compose.yml or the local override names. The host's tools (drills, tests) read
+the three together (``read_all``)."""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import base64
 import hashlib
 import ipaddress
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -102,6 +110,33 @@ LISTEN_PORTS: dict[int, str] = {
 DEFAULT_AIRFLOW_BIND = "127.0.0.1"
 HEADER = ("# Written by `make stack-up` (settlement/stack/envfile.py) for the local stack; its\n"
           "# secrets are kept across runs. Not for production: see .env.example.\n")
+SITE_HEADER = "# Site {site}'s own: what deploy/compose/site-{site}.yml names, and nothing else.\n"
+OVERRIDE_FILE = Path("deploy") / "local" / "docker-compose.local.yml"
+
+
+SITES = ("a", "b")
+# Where compose finds each site's services; the variables they name go to its env file.
+SITE_COMPOSE = {site: Path("deploy") / "compose" / f"site-{site}.yml" for site in SITES}
+_VARIABLE = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)")
+
+
+def site_env_path(path: Path, site: str) -> Path:
+    """Site ``site``'s env file beside the shared ``.env`` at ``path``."""
+    return path.with_name(f"{path.name}.site-{site}")
+
+
+def compose_variables(text: str) -> set[str]:
+    """The variables a compose file's text interpolates."""
+    return set(_VARIABLE.findall(text))
+
+
+def read_all(path: Path) -> dict[str, str]:
+    """The shared ``.env`` at ``path`` and both sites' files, as one mapping (a variable both
+    hold has one value: ``write_env`` writes it so)."""
+    values: dict[str, str] = {}
+    for p in (*(site_env_path(path, s) for s in SITES), path):
+        values.update(read_env(p))
+    return values
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -215,10 +250,39 @@ def local_settings(certs: Path, cron: str, compressed: str = "",
     }
 
 
+def split_env(values: dict[str, str], root: Path = REPO) -> dict[str, dict[str, str]]:
+    """``values`` per file: "" (the shared .env) and each site. A site's file gets the
+    variables its compose file names; the shared one everything else, and what
+    docker-compose.yml or the local override names (a site's consumer login too: `migrate`
+    and `kafka-init` create it)."""
+    named = {site: compose_variables((root / SITE_COMPOSE[site]).read_text())
+             for site in SITES}
+    shared = compose_variables((root / "docker-compose.yml").read_text()
+                               + (root / OVERRIDE_FILE).read_text())
+    out: dict[str, dict[str, str]] = {site: {} for site in SITES}
+    out[""] = {}
+    for name, value in values.items():
+        sites = [site for site in SITES if name in named[site]]
+        for site in sites:
+            out[site][name] = value
+        if not sites or name in shared:
+            out[""][name] = value
+    return out
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
 def write_env(path: Path, certs: Path, cron: str = "none",
               compressed: str = "") -> dict[str, str]:
-    """Create or complete the stack's .env (secrets kept, addresses rewritten); 0600."""
-    old = read_env(path)
+    """Create or complete the stack's env files (secrets kept, addresses rewritten); 0600.
+    Returns the three files' values together. An older single .env is split: what only a
+    site uses leaves it for that site's file."""
+    old = read_all(path)
     values = {name: old.get(name) or old.get(INHERITED.get(name, "")) or secrets.token_hex(24)
               for name in PASSWORDS}
     values["AIRFLOW_FERNET_KEY"] = old.get("AIRFLOW_FERNET_KEY") or _fernet_key()
@@ -237,11 +301,11 @@ def write_env(path: Path, certs: Path, cron: str = "none",
     # An operator's bind address is kept; every other address is rewritten.
     values.update(local_settings(certs, cron, compressed,
                                  old.get("AIRFLOW_BIND_ADDRESS") or DEFAULT_AIRFLOW_BIND))
-    text = HEADER + env_text(values)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
+    files = split_env(values)
+    for site in SITES:
+        _write_private(site_env_path(path, site), HEADER + SITE_HEADER.format(site=site)
+                       + env_text(files[site]))
+    _write_private(path, HEADER + env_text(files[""]))
     return values
 
 

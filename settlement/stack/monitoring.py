@@ -210,6 +210,18 @@ class AlertWatch:
         self._thread.start()
         return self
 
+    def wait_raised(self, timeout: float) -> bool:
+        """Until Prometheus fires the alert and Alertmanager has it (True), or ``timeout``
+        seconds: what an operator waits for before repairing a site. A drill that brought
+        the site back sooner would time only how fast it closed the day, and on a fast
+        machine the site was back before the alert's `for` had passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._thread.is_alive():
+            if self.times.fired_s is not None and self.times.notified_s is not None:
+                return True
+            time.sleep(1.0)
+        return self.times.fired_s is not None and self.times.notified_s is not None
+
     def restarted(self, when: float) -> None:
         self._restart = when
 

@@ -237,6 +237,9 @@ def site_loss(stack: Stack, trade_date: str, trades: int, site: str, log: Log, s
     state = wait_run(api, run_id, close_timeout, log)
     close_s = round(time.time() - t_close, 1)
     primary_after = sites.primary_site(stack, (survivor,))
+    # The site stays lost until its loss is told (bounded: a silent alert fails the drill).
+    if not alert.wait_raised(timeout=max(0.0, 240 - (time.time() - t_kill))):
+        log(f"site {site}'s heartbeat alert was not raised within 240 s of the kill")
     t_start = time.time()
     sites.docker_all(["start"], victims)
     alert.restarted(t_start)
