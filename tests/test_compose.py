@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from settlement.config import Settings
+from settlement.stack import envfile
 
 ROOT = Path(__file__).resolve().parents[1]
 # docker-compose.yml and the two files it includes, each site's own (issue 58).
@@ -158,19 +159,7 @@ SHARED_ONLY = {"SETTLE_PG_ADMIN_PASSWORD", "SETTLE_PG_REPLICATION_PASSWORD",
                "SETTLE_PG_REWIND_PASSWORD", "PATRONI_RESTAPI_PASSWORD", "KAFKA_ADMIN_PASSWORD",
                "SETTLE_KAFKA_GATEWAY_PASSWORD", "SETTLE_KAFKA_AUDITOR_PASSWORD",
                "MONITORING_PASSWORD", "MONITORING_PASSWORD_BCRYPT", "KAFKA_CLUSTER_ID"}
-# What only one site may hold: its Airflow's key, secrets and metadata login, its server's
-# admin, its consumer's logins (these two also in the shared .env, whose migrate and
-# kafka-init create them).
-SITE_OWN = {
-    "a": {"AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
-          "AIRFLOW_DB_PASSWORD", "SETTLE_PG_SITE_A_ADMIN_PASSWORD", "SETTLE_PG_SITE_A_PASSWORD",
-          "SETTLE_KAFKA_SITE_A_PASSWORD"},
-    "b": {"AIRFLOW_B_FERNET_KEY", "AIRFLOW_B_JWT_SECRET", "AIRFLOW_B_API_SECRET_KEY",
-          "AIRFLOW_B_DB_PASSWORD", "SETTLE_PG_SITE_B_ADMIN_PASSWORD", "SETTLE_PG_SITE_B_PASSWORD",
-          "SETTLE_KAFKA_SITE_B_PASSWORD"},
-}
-CONSUMER_LOGINS = {"SETTLE_PG_SITE_A_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD",
-                   "SETTLE_PG_SITE_B_PASSWORD", "SETTLE_KAFKA_SITE_B_PASSWORD"}
+SITE_OWN, CONSUMER_LOGINS = envfile.SITE_OWN, envfile.CONSUMER_LOGINS
 
 
 # -- shape ---------------------------------------------------------------------------------

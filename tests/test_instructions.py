@@ -108,6 +108,29 @@ def test_fails_carried_in_sum_with_the_days_net() -> None:
     assert ("ACC2", "AAPL") not in _signed(build(8, 1, "d", "s", NETS, cancel))
 
 
+def test_the_member_summary_sums_each_members_accounts_and_ages_its_fails() -> None:
+    from settlement.instructions.summary import CarriedIn, summarize
+
+    def line(n: int, account: str, side: str, qty: int, pay: str, amount: str) -> Instruction:
+        return Instruction(f"R9-{n:06d}", "2026-11-27", "2026-11-30", account, "AAPL", side,
+                           qty, pay, Decimal(amount), 1, "")
+
+    lines = [line(1, "A1", "RECE", 10, "PAY", "100.0000"),
+             line(2, "A2", "DELI", 4, "RECV", "40.5000"),
+             line(3, "A3", "NONE", 0, "RECV", "0.0001")]
+    carried = [CarriedIn("R1-000001", "A2", dt.date(2026, 11, 20)),
+               CarriedIn("R2-000001", "A1", dt.date(2026, 11, 25))]
+    a3, p1 = summarize(lines, {"A1": "P1", "A2": "P1"}, carried)  # in member order
+    assert (p1.member, p1.mapped, sorted(p1.accounts), p1.instructions) == (
+        "P1", True, ["A1", "A2"], 2)
+    assert (p1.securities_in, p1.securities_out, p1.money_in, p1.money_out, p1.net_money) == (
+        10, 4, Decimal("40.5000"), Decimal("100.0000"), Decimal("-59.5000"))
+    assert (p1.fails_carried_in, p1.oldest_fail, p1.age_days(dt.date(2026, 11, 30))) == (
+        2, dt.date(2026, 11, 20), 10)
+    assert (a3.member, a3.mapped, a3.money_in, a3.age_days(dt.date(2026, 11, 30))) == (
+        "A3", False, Decimal("0.0001"), None)
+
+
 def test_a_partial_carries_the_exact_remainder() -> None:
     line = Instruction("R1-000001", "2026-11-25", "2026-11-27", "A", "X", "DELI", 3, "RECV",
                        Decimal("100.0000"), 1, "")
@@ -312,6 +335,38 @@ def test_a_published_day_yields_its_instructions_and_fails_are_carried_forward(
             for k, r in friday.items()} == expected
     assert friday[("A1", "AAPL")]["carried_from"] == ids[("A1", "AAPL")]
     assert friday[("A6", "TSLA")]["carried_from"] == ""
+    # The per-member summary (issue 59): A1 and A2 clear through P1, A6 through P2; the
+    # others map to no participant and stand alone. Checked against the Friday file itself.
+    parts = tmp_path / "participants.csv"
+    parts.write_text("account,participant_id,bic,safekeeping_account\n"
+                     "A1,P1,CHASUS33XXX,SAFE-1\nA2,P1,CHASUS33XXX,SAFE-2\n"
+                     "A6,P2,CITIUS33XXX,SAFE-6\n")
+    _settle(["refdata", "load", "--participants", str(parts)], env)
+    summ = _settle(["instructions", "--date", "2026-11-27", "--summary"], env)
+    member_of = {"A1": "P1", "A2": "P1", "A6": "P2"}
+    want: dict[str, dict[str, Any]] = {}
+    for r in friday.values():
+        m = want.setdefault(member_of.get(r["account"], r["account"]), {
+            "in": 0, "out": 0, "paid": Decimal(0), "pays": Decimal(0), "n": 0})
+        m["n"] += 1
+        m["in" if r["side"] == "RECE" else "out"] += int(r["quantity"]) * (r["side"] != "NONE")
+        if r["payment"] != "NONE":
+            m["paid" if r["payment"] == "RECV" else "pays"] += Decimal(r["amount"])
+    got = {m["member"]: m for m in summ["members"]}
+    assert set(got) == set(want) == {"P1", "P2", "A4", "A7"}
+    for member, m in want.items():
+        g = got[member]
+        assert (int(g["instructions"]), int(g["securities_in"]), int(g["securities_out"]),
+                Decimal(g["money_in"]), Decimal(g["money_out"])) == (
+            m["n"], m["in"], m["out"], m["paid"], m["pays"]), member
+        assert Decimal(g["net_money"]) == m["paid"] - m["pays"]
+    assert (got["P1"]["mapped"], got["A4"]["mapped"]) == ("yes", "no")
+    # Fails carried in: three of P1's (A1 AAPL, A2 AAPL, A1 MSFT) and A4's cash-only one, all
+    # first due Friday 2026-11-27, three days before Monday's settlement date.
+    assert [(got[m]["fails_carried_in"], got[m]["oldest_fail_settlement_date"],
+             got[m]["oldest_fail_age_days"]) for m in ("P1", "A4", "P2")] == [
+        ("3", "2026-11-27", "3"), ("1", "2026-11-27", "3"), ("0", "", "")]
+    assert _csv(summ["path"])[0]["member"] == "A4"  # the file: one line per member, sorted
     # Carried once: settling the Friday lines leaves no open fail.
     fri_answer = _answer(tmp_path, "fri-status.csv",
                          [(r["instruction_id"], "settled") for r in friday.values()],

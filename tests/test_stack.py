@@ -24,18 +24,7 @@ from settlement.orchestration.submit_secrets import split_password
 from settlement.stack import envfile
 
 ROOT = Path(__file__).resolve().parent.parent
-# What only one site holds (its env file, issue 58); the consumer's logins are also the
-# shared tier's, whose `migrate` and `kafka-init` create them.
-SITE_OWN_SECRETS = {
-    "a": {"AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
-          "AIRFLOW_DB_PASSWORD", "SETTLE_PG_SITE_A_ADMIN_PASSWORD", "SETTLE_PG_SITE_A_PASSWORD",
-          "SETTLE_KAFKA_SITE_A_PASSWORD"},
-    "b": {"AIRFLOW_B_FERNET_KEY", "AIRFLOW_B_JWT_SECRET", "AIRFLOW_B_API_SECRET_KEY",
-          "AIRFLOW_B_DB_PASSWORD", "SETTLE_PG_SITE_B_ADMIN_PASSWORD", "SETTLE_PG_SITE_B_PASSWORD",
-          "SETTLE_KAFKA_SITE_B_PASSWORD"},
-}
-CONSUMER_SECRETS = {"SETTLE_PG_SITE_A_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD",
-                    "SETTLE_PG_SITE_B_PASSWORD", "SETTLE_KAFKA_SITE_B_PASSWORD"}
+SITE_OWN_SECRETS, CONSUMER_SECRETS = envfile.SITE_OWN, envfile.CONSUMER_LOGINS
 REQUIRED = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):\?")
 
 
@@ -130,6 +119,23 @@ def test_each_site_gets_an_env_file_of_its_own_and_an_older_env_is_split(
     assert "AIRFLOW_FERNET_KEY" not in envfile.read_env(path)
     assert envfile.read_env(envfile.site_env_path(path, "a"))["AIRFLOW_FERNET_KEY"] == \
         merged["AIRFLOW_FERNET_KEY"]
+
+
+def test_a_site_file_naming_the_other_sites_secret_is_refused(tmp_path: Path) -> None:
+    """The split refuses to write site B's own secret into site A's file, whatever the
+    compose files say: a site's file may name its own secrets only."""
+    from settlement.config import ConfigError
+
+    for rel in ("docker-compose.yml", str(envfile.OVERRIDE_FILE),
+                *(str(f) for f in envfile.SITE_COMPOSE.values())):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((ROOT / rel).read_text())
+    values = {"AIRFLOW_FERNET_KEY": "a-key", "AIRFLOW_B_FERNET_KEY": "b-key"}
+    assert envfile.split_env(values, tmp_path)["a"] == {"AIRFLOW_FERNET_KEY": "a-key"}
+    site_a = tmp_path / envfile.SITE_COMPOSE["a"]
+    site_a.write_text(site_a.read_text() + "\n# ${AIRFLOW_B_FERNET_KEY}\n")
+    with pytest.raises(ConfigError, match="names site b's own \\['AIRFLOW_B_FERNET_KEY'\\]"):
+        envfile.split_env(values, tmp_path)
 
 
 def test_an_operators_airflow_address_is_kept_and_named_by_the_urls(tmp_path: Path) -> None:

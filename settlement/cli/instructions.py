@@ -28,6 +28,10 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--delta", action="store_true",
                     help="write: only the change between the day's last two versions (what "
                          "to add or reverse after a re-run; nothing sent is rewritten)")
+    sp.add_argument("--summary", action="store_true",
+                    help="write: the per-member summary instead (securities in and out, money, "
+                         "fails carried in and the oldest one's age; members from settle "
+                         "refdata), CSV (default: instructions/DATE-runN-summary.csv)")
     sp.add_argument("--file", type=Path, default=None,
                     help="status: the agent's answer, CSV with the header instruction_id,"
                          "status[,settled_quantity] (status settled|failed; a partial is "
@@ -58,12 +62,40 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.files import default_path, write
     from settlement.instructions.store import delta_set, instructions
 
+    if args.summary and args.delta:
+        raise ConfigError("--summary and --delta do not go together: the summary is of the "
+                          "day's current instructions (leave out --delta)")
     day = delta_set(s, args.date) if args.delta else instructions(s, args.date)
+    if args.summary:
+        return _summary(s, day, args.out)
     path = args.out or default_path(Path(s.reports_dir), day, args.format,
                                     "delta" if args.delta else "")
     write(day, args.format, path, s.settlement_currency)
     crash_point(s.crash_at, "instructions.files")
     return {**day.as_dict(), "format": args.format, "path": str(path), "delta": args.delta}
+
+
+def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
+    import datetime as dt
+
+    from rich.table import Table
+
+    from settlement.cli.common import console
+    from settlement.instructions import summary, write_summary
+
+    path = write_summary(s, day, out)
+    members = summary.for_set(s.for_component("settlement").settlement_dsn, day.lines,
+                              day.carried_in)
+    sdate = dt.date.fromisoformat(day.settlement_date)
+    table = Table(title=f"settlement date {day.settlement_date}: per member "
+                        f"(trade date {day.trade_date}, run {day.run_id})")
+    for col in summary.COLUMNS:
+        table.add_column(col, justify="left" if col in ("member", "mapped") else "right")
+    for line in members:
+        table.add_row(*line.row(sdate))
+    console().print(table)
+    return {**day.as_dict(), "path": str(path),
+            "members": [line.as_dict(sdate) for line in members]}
 
 
 def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:

@@ -3,17 +3,21 @@ and pays or is paid, on its settlement date (T+N settlement business days), with
 reported by the settlement agent carried into the next settlement date until they settle.
 
 ``calendar`` (the settlement date), ``model`` (lines, signs, partials), ``store`` (written
-once per published run, answers applied all or nothing), ``files`` (CSV and ISO 20022).
+once per published run, answers applied all or nothing), ``files`` (CSV and ISO 20022),
+``summary`` (per clearing member).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 from settlement.config import Settings
+from settlement.instructions import summary
 from settlement.instructions.files import FORMATS, default_path, write
 from settlement.instructions.store import InstructionSet, instructions
+from settlement.services.procs import write_private
 
 
 def planned(settings: Settings, day: InstructionSet,
@@ -27,12 +31,23 @@ def planned(settings: Settings, day: InstructionSet,
 
 def write_set_files(settings: Settings, day: InstructionSet,
                     formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
-    """A committed set's files, one per format, beside the audit reports (rewriting them
-    gives the same bytes: the set is the committed one). Returns ``planned``."""
+    """A committed set's files, one per format, and its per-member summary
+    (``summary_path``), beside the audit reports (rewriting them gives the same bytes: the set
+    is the committed one). Returns ``planned`` and the summary's path."""
     out = planned(settings, day, formats)
     for fmt, path in out["paths"].items():
         write(day, fmt, Path(path), settings.settlement_currency)
-    return out
+    return {**out, "summary_path": str(write_summary(settings, day))}
+
+
+def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None) -> Path:
+    """The set's per-member summary as CSV (settlement.instructions.summary), for the owner
+    only, as the instructions."""
+    members = summary.for_set(settings.for_component("settlement").settlement_dsn, day.lines,
+                              day.carried_in)
+    path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
+    write_private(path, summary.to_csv(members, dt.date.fromisoformat(day.settlement_date)))
+    return path
 
 
 def write_files(settings: Settings, trade_date: str,

@@ -120,6 +120,21 @@ SITE_COMPOSE = {site: Path("deploy") / "compose" / f"site-{site}.yml" for site i
 _VARIABLE = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)")
 
 
+# What only one site may hold: its Airflow's key, secrets and metadata login, its server's
+# admin, its consumer's logins (those two also in the shared .env, whose `migrate` and
+# `kafka-init` create them).
+SITE_OWN = {
+    "a": frozenset({"AIRFLOW_FERNET_KEY", "AIRFLOW_JWT_SECRET", "AIRFLOW_API_SECRET_KEY",
+                    "AIRFLOW_DB_PASSWORD", "SETTLE_PG_SITE_A_ADMIN_PASSWORD",
+                    "SETTLE_PG_SITE_A_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD"}),
+    "b": frozenset({"AIRFLOW_B_FERNET_KEY", "AIRFLOW_B_JWT_SECRET", "AIRFLOW_B_API_SECRET_KEY",
+                    "AIRFLOW_B_DB_PASSWORD", "SETTLE_PG_SITE_B_ADMIN_PASSWORD",
+                    "SETTLE_PG_SITE_B_PASSWORD", "SETTLE_KAFKA_SITE_B_PASSWORD"}),
+}
+CONSUMER_LOGINS = frozenset({"SETTLE_PG_SITE_A_PASSWORD", "SETTLE_KAFKA_SITE_A_PASSWORD",
+                             "SETTLE_PG_SITE_B_PASSWORD", "SETTLE_KAFKA_SITE_B_PASSWORD"})
+
+
 def site_env_path(path: Path, site: str) -> Path:
     """Site ``site``'s env file beside the shared ``.env`` at ``path``."""
     return path.with_name(f"{path.name}.site-{site}")
@@ -267,6 +282,10 @@ def split_env(values: dict[str, str], root: Path = REPO) -> dict[str, dict[str, 
             out[site][name] = value
         if not sites or name in shared:
             out[""][name] = value
+    for site, other in zip(SITES, reversed(SITES), strict=True):
+        if leaked := sorted(set(out[site]) & SITE_OWN[other]):
+            raise ConfigError(f"{SITE_COMPOSE[site]} names site {other}'s own {leaked}: a site's "
+                              "file may name only its own secrets (issue 58)")
     return out
 
 

@@ -96,3 +96,12 @@ order by s.instruction_id
 -- name: open_fail_count
 select count(*) from instruction_statuses
 where carried_into_run is null and (open_quantity <> 0 or open_amount <> 0)
+
+-- name: members
+-- The clearing member (participant) of each account the reference data maps.
+select account, participant_id from participants where account = any(%(accounts)s)
+
+-- name: carried_origins
+-- The fails a set carried in: whose, and their own (first) settlement date.
+select instruction_id, account, settlement_date from settlement_instructions
+where instruction_id = any(%(ids)s)
