@@ -367,6 +367,10 @@ def test_a_published_day_yields_its_instructions_and_fails_are_carried_forward(
              got[m]["oldest_fail_age_days"]) for m in ("P1", "A4", "P2")] == [
         ("3", "2026-11-27", "3"), ("1", "2026-11-27", "3"), ("0", "", "")]
     assert _csv(summ["path"])[0]["member"] == "A4"  # the file: one line per member, sorted
+    # The report page in the UI shows the same summary, from the database.
+    from settlement.orchestration.reports_app import _members
+
+    assert _members(isolated.settings.settlement_dsn, later["run_id"]) == summ["members"]
     # Carried once: settling the Friday lines leaves no open fail.
     fri_answer = _answer(tmp_path, "fri-status.csv",
                          [(r["instruction_id"], "settled") for r in friday.values()],

@@ -49,6 +49,15 @@ def _facts() -> dict[str, Any]:
         "instruments": [{"symbol": "AAPL", "trades": 1, "volume": 5, "notional": "5",
                          "vwap": "1"}],
         "timings": {"read_seconds": 1.0},
+        "settlement": {
+            "settlement_date": "2026-03-03", "instructions": 2, "version": 1,
+            "files": {"csv": "../instructions/2026-03-02-run7.csv"}, "carried_in": ["R6-000001"],
+            "carried_out": [],
+            "members": [{"member": "P1", "mapped": "yes", "accounts": "2", "instructions": "2",
+                         "securities_in": "10", "securities_out": "4", "money_in": "40.5000",
+                         "money_out": "100.0000", "net_money": "-59.5000",
+                         "fails_carried_in": "1", "oldest_fail_settlement_date": "2026-02-27",
+                         "oldest_fail_age_days": "4"}]},
     }
 
 
@@ -66,6 +75,8 @@ def _poison(v: Any) -> Any:
 def test_the_sample_facts_render_as_a_report() -> None:
     page = render_html(_facts())
     assert "VALIDATION PASSED" in page and "1,200" in page
+    # The per-member summary (issue 59): one member, its money as money.
+    assert 'data-members="1"' in page and "<td class=\"n\">-59.50</td>" in page
     assert 'href="https://docs.example/index.html"' in page
     assert f'content="{CSP.replace(chr(39), "&#x27;")}"' in page
 

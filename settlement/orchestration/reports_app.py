@@ -183,6 +183,7 @@ def report_html(run_id: int) -> HTMLResponse:
         from settlement.instructions.store import carried_out
 
         facts["settlement"] = {**facts["settlement"], "carried_out": carried_out(dsn, run_id),
+                               "members": _members(dsn, run_id),
                                "files": {"csv": f"{run_id}/instructions.csv",
                                          "iso20022": f"{run_id}/instructions.xml"}}
     if isinstance(facts, dict):
@@ -190,6 +191,20 @@ def report_html(run_id: int) -> HTMLResponse:
         if amended is not None:
             facts["amended_since"] = amended
     return HTMLResponse(render_report(facts))
+
+
+def _members(dsn: str, run_id: int) -> list[dict[str, Any]]:
+    """The run's per-member summary as the reference data maps its accounts now."""
+    import datetime as dt
+
+    from settlement.instructions import summary
+    from settlement.instructions.store import run_set
+
+    day = run_set(dsn, run_id)
+    if day is None:
+        return []
+    sdate = dt.date.fromisoformat(day.settlement_date)
+    return [m.as_dict(sdate) for m in summary.for_set(dsn, day.lines, day.carried_in)]
 
 
 def amended_since(trade_date: str, run_id: int) -> dict[str, Any] | None:

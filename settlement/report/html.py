@@ -123,7 +123,8 @@ def _amendments_section(a: Any) -> list[str]:
 
 
 def _settlement_section(st: Any) -> list[str]:
-    """The published day's instructions: settlement date, files, fails carried in and out."""
+    """The published day's instructions: settlement date, files, the per-member summary,
+    fails carried in and out."""
     if not isinstance(st, dict):
         return []
     files = st.get("files") if isinstance(st.get("files"), dict) else {}
@@ -140,6 +141,20 @@ def _settlement_section(st: Any) -> list[str]:
            f'version {_e(st.get("version"))}. Files: {", ".join(links) or "none"}.</p>',
            f'<p data-carried-in="{len(carried_in)}">Fails carried in from earlier settlement '
            f'dates: {_e(", ".join(str(x) for x in carried_in)) or "none"}.</p>']
+    members = st.get("members") if isinstance(st.get("members"), list) else []
+    if members:
+        out.append(f'<h3 data-members="{len(members)}">Per member</h3>')
+        out.append(_table(["member", "mapped", "accounts", "instructions", "securities in",
+                           "securities out", "money in", "money out", "net money",
+                           "fails carried in", "oldest fail due", "its age (days)"],
+                          [[x.get("member"), x.get("mapped"), x.get("accounts"),
+                            x.get("instructions"), x.get("securities_in"),
+                            x.get("securities_out"), _money(x.get("money_in")),
+                            _money(x.get("money_out")), _money(x.get("net_money")),
+                            x.get("fails_carried_in"), x.get("oldest_fail_settlement_date"),
+                            x.get("oldest_fail_age_days")]
+                           for x in members if isinstance(x, dict)],
+                          {2, 3, 4, 5, 6, 7, 8, 9, 11}))
     if carried_out:
         out.append(f'<h3 data-carried-out="{len(carried_out)}">Fails carried out (reported by '
                    "the settlement agent)</h3>")
