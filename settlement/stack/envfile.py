@@ -19,6 +19,7 @@ import secrets
 from pathlib import Path
 
 from settlement.config import ConfigError
+from settlement.services.procs import write_private
 from settlement.stack.engine import run
 
 PASSWORDS = (
@@ -289,13 +290,6 @@ def split_env(values: dict[str, str], root: Path = REPO) -> dict[str, dict[str, 
     return out
 
 
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
-
-
 def write_env(path: Path, certs: Path, cron: str = "none",
               compressed: str = "") -> dict[str, str]:
     """Create or complete the stack's env files (secrets kept, addresses rewritten); 0600.
@@ -322,9 +316,9 @@ def write_env(path: Path, certs: Path, cron: str = "none",
                                  old.get("AIRFLOW_BIND_ADDRESS") or DEFAULT_AIRFLOW_BIND))
     files = split_env(values)
     for site in SITES:
-        _write_private(site_env_path(path, site), HEADER + SITE_HEADER.format(site=site)
+        write_private(site_env_path(path, site), HEADER + SITE_HEADER.format(site=site)
                        + env_text(files[site]))
-    _write_private(path, HEADER + env_text(files[""]))
+    write_private(path, HEADER + env_text(files[""]))
     return values
 
 
