@@ -764,7 +764,7 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
                     "airflow_user", "airflow_password", "secrets_file"):
             assert up[key], key
         # What it printed (CI logs keep it) holds no secret of the .env; the secrets file does.
-        env = envfile.read_env(Path(up["env_file"]))
+        env = envfile.read_all(Path(up["env_file"]))
         leaked = [k for k, v in _secret_values(env).items() if v in json.dumps(up)]
         assert not leaked, f"make stack-up printed {leaked}"
         assert stat.S_IMODE(Path(up["secrets_file"]).stat().st_mode) == 0o600
