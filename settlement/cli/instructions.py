@@ -83,9 +83,7 @@ def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
     from settlement.cli.common import console
     from settlement.instructions import summary, write_summary
 
-    path = write_summary(s, day, out)
-    members = summary.for_set(s.for_component("settlement").settlement_dsn, day.lines,
-                              day.carried_in)
+    path, members = write_summary(s, day, out)
     sdate = dt.date.fromisoformat(day.settlement_date)
     table = Table(title=f"settlement date {day.settlement_date}: per member "
                         f"(trade date {day.trade_date}, run {day.run_id})")

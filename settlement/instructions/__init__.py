@@ -37,17 +37,18 @@ def write_set_files(settings: Settings, day: InstructionSet,
     out = planned(settings, day, formats)
     for fmt, path in out["paths"].items():
         write(day, fmt, Path(path), settings.settlement_currency)
-    return {**out, "summary_path": str(write_summary(settings, day))}
+    return {**out, "summary_path": str(write_summary(settings, day)[0])}
 
 
-def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None) -> Path:
+def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None
+                  ) -> tuple[Path, list[summary.MemberLine]]:
     """The set's per-member summary as CSV (settlement.instructions.summary), for the owner
-    only, as the instructions."""
+    only, as the instructions; returns the file and the lines written."""
     members = summary.for_set(settings.for_component("settlement").settlement_dsn, day.lines,
                               day.carried_in)
     path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
     write_private(path, summary.to_csv(members, dt.date.fromisoformat(day.settlement_date)))
-    return path
+    return path, members
 
 
 def write_files(settings: Settings, trade_date: str,

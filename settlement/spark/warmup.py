@@ -52,11 +52,15 @@ def _say(text: str) -> None:
     print(f"jvm-archive: {text}", file=sys.stderr, flush=True)
 
 
+def _settle_cmd(*args: str) -> list[str]:
+    """This environment's `settle` (beside its Python) with ``args``."""
+    return [str(Path(sys.executable).with_name("settle")), *args]
+
+
 def _settle(env: dict[str, str], *args: str) -> None:
     """One `settle` command of the warm-up; its output only when it fails."""
-    cmd = [str(Path(sys.executable).with_name("settle")), *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=STEP_TIMEOUT,
-                          check=False)
+    done = subprocess.run(_settle_cmd(*args), env=env, capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT, check=False)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip()[-2000:]
         raise RuntimeError(f"`settle {' '.join(args)}` exited {done.returncode}: {tail}")
@@ -95,8 +99,8 @@ def build(settings: Settings) -> str:
     except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
         return f"not built ({exc}); the first close builds it instead"
     finally:
-        subprocess.run([str(Path(sys.executable).with_name("settle")), "services", "down"],
-                       env=env, capture_output=True, timeout=STEP_TIMEOUT, check=False)
+        subprocess.run(_settle_cmd("services", "down"), env=env, capture_output=True,
+                       timeout=STEP_TIMEOUT, check=False)
         shutil.rmtree(work, ignore_errors=True)
     if not archive_present(settings):
         return "not built: the close ended without writing it; the first close builds it"
