@@ -278,6 +278,9 @@ class SparkSettings(BaseModel):
     spark_small_day_rows: int = Field(50_000, ge=0, description="a day of at most this many "
                                       "rows is a small day: quick compiler, interpreted "
                                       "expressions; 0: never")
+    spark_quick_jit_rows: int = Field(1_000_000, ge=0, description="a close of a day of at "
+                                      "most this many rows runs the JIT's quick compiler "
+                                      "alone; 0: only a small day")
     spark_small_day_driver_read: bool = Field(True, description="a small day is read by the "
                                               "driver and handed to Spark in memory")
     # Off, or on a cluster (whose executors may not reach the files the client's settings

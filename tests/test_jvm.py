@@ -15,7 +15,7 @@ import pytest
 
 from settlement.config import load_settings
 from settlement.spark import jvm as J
-from settlement.spark.session import LARGE_DAY, SMALL_DAY, is_small_day
+from settlement.spark.session import LARGE_DAY, SMALL_DAY, is_small_day, quick_jit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,15 @@ def test_small_day_threshold():
     assert is_small_day(s, 1000) and not is_small_day(s, 1001) and not is_small_day(s, None)
     assert not is_small_day(load_settings(spark_small_day_rows=0), 1)
     assert SMALL_DAY.keys() == LARGE_DAY.keys()  # a reused session is always set back
+
+
+def test_quick_compiler_threshold():
+    # The quick compiler alone up to spark_quick_jit_rows (a small day always), C2 beyond
+    # it and when the day's size is not known (the DAG's spark-submit).
+    s = load_settings(spark_small_day_rows=1000, spark_quick_jit_rows=5000)
+    assert quick_jit(s, 1000) and quick_jit(s, 5000)
+    assert not quick_jit(s, 5001) and not quick_jit(s, None)
+    assert quick_jit(load_settings(spark_small_day_rows=1000, spark_quick_jit_rows=0), 1000)
 
 
 def test_first_close_builds_the_next_maps(tmp_path, jars):

@@ -163,6 +163,13 @@ def is_small_day(settings: Settings, day_rows: int | None) -> bool:
     return day_rows is not None and limit > 0 and day_rows <= limit
 
 
+def quick_jit(settings: Settings, day_rows: int | None) -> bool:
+    """A close's driver runs the JIT's quick compiler alone: a small day, or a day of at
+    most ``spark_quick_jit_rows`` rows (None: not a close)."""
+    return is_small_day(settings, day_rows) or (
+        day_rows is not None and day_rows <= settings.spark_quick_jit_rows)
+
+
 def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool,
                     may_build: bool = True) -> DriverJvm:
     """The driver JVM's options (settlement.spark.jvm) for a session this process starts."""
@@ -235,7 +242,8 @@ def build_session(
     jvm = None
     if not _launched_by_spark_submit() and SparkContext._gateway is None:
         # This process starts the JVM (no earlier session left one running).
-        jvm = plan_driver_jvm(settings, jars, small_day, may_build=building_allowed())
+        jvm = plan_driver_jvm(settings, jars, quick_jit(settings, day_rows),
+                              may_build=building_allowed())
         wanted["spark.driver.extraJavaOptions"] = with_driver_options(
             jvm, wanted.get("spark.driver.extraJavaOptions"))
     for key, value in wanted.items():

@@ -44,15 +44,21 @@ class DedupedDay:
     trades_count: int
     raw_count: int  # before dedupe
     timings: dict[str, float]
+    per_partition: dict[int, int] | None = None  # partition -> trades, when counted already
 
 
 def dedupe_day(read: DayRead) -> DedupedDay:
     """The read day deduplicated and cached, its busts and corrections applied (lazily)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    per_partition = read.per_partition
     if read.unique_ids:
         trades = read.trades.persist()
-        n_raw = n = trades.count()
+        # Counted per partition: the result's trades_per_partition, in the pass that fills
+        # the cache (a count and then a second job for them cost a job more).
+        per_partition = {int(r["kafka_partition"]): int(r["count"])
+                         for r in trades.groupBy("kafka_partition").count().collect()}
+        n_raw = n = sum(per_partition.values())
     elif read.deduplicated:
         # Kafka: copies of a trade share its partition (the key is the symbol), where the
         # classifier kept the first. A trade id in two partitions breaks that premise; the
@@ -73,7 +79,7 @@ def dedupe_day(read: DayRead) -> DedupedDay:
     effects = amendment_effects(trades, read.amendments)
     final = T.final_trades(trades, read.amendments if effects else None)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
-    return DedupedDay(trades, final, effects, n, n_raw, timings)
+    return DedupedDay(trades, final, effects, n, n_raw, timings, per_partition)
 
 
 def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str) -> SettledDay:
@@ -92,7 +98,7 @@ def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str) -> Set
     instruments = sorted(rows_of(InstrumentSummary,
                                  T.instruments_of(legs, trade_date).collect()),
                          key=lambda i: i.symbol)
-    per_partition = read.per_partition if read.per_partition is not None else {
+    per_partition = day.per_partition if day.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
         for r in day.trades.groupBy("kafka_partition").count().collect()}
     legs.unpersist()
@@ -119,12 +125,15 @@ def amendment_effects(trades: DataFrame, amendments: DataFrame | None) -> list[A
     only their trades are collected."""
     if amendments is None:
         return []
-    rows = amendments.orderBy("trade_id", "kafka_partition", "kafka_offset").collect()
+    # Sorted here: the amendments are few, and an orderBy is a Spark job of its own.
+    rows = sorted(amendments.collect(),
+                  key=lambda r: (r["trade_id"], r["kafka_partition"], r["kafka_offset"]))
     if not rows:
         return []
-    ids = amendments.select("trade_id").distinct()
+    # A set lookup in the scan (Spark's InSet): no broadcast of the ids to build first.
+    ids = sorted({r["trade_id"] for r in rows})
     state = {r["trade_id"]: (r["price"], r["quantity"])
-             for r in trades.join(F.broadcast(ids), "trade_id", "left_semi")
+             for r in trades.where(F.col("trade_id").isin(ids))
              .select("trade_id", "price", "quantity").collect()}
     out = []
     for r in rows:

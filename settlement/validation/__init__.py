@@ -96,11 +96,19 @@ def validate_frames(
                              "trade_date date, partitions int")
     markers = local_frame(spark, sorted(close_markers.items()), _MARKERS)
     t0 = time.perf_counter()
-    buckets = collect_figures(spark, settlement_trades, settled_figures)
+    # The settled day's row hash sums are needed only when another copy is compared with
+    # it in Spark (``side`` below hands them to DaySide.of_frame); its completeness needs
+    # the counts and seq sums alone.
+    compared_here = (kafka if ledger is not None else None,
+                     *((ledger_a, ledger_b) if ledger_a is not None and ledger_b is not None
+                       else ()))
+    buckets = collect_figures(spark, settlement_trades, settled_figures, row_sums=any(
+        x is settlement_trades for x in compared_here))
     day_amendments = amendments if amendments is not None else local_frame(
         spark, [], AMENDMENT_SCHEMA)
     if amendment_figures is None and amendments is not None:
-        amendment_figures = [tuple(r) for r in figures(amendments).collect()]
+        # Their seq coverage only: nothing compares amendments by their figures.
+        amendment_figures = [tuple(r) for r in figures(amendments, rows=False).collect()]
     parts = partition_figures(spark, buckets, close_markers, amendment_figures)
     part_rows = parts.collect()
     suspect = sorted(int(r["kafka_partition"]) for r in part_rows if r["suspect"])
