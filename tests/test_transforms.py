@@ -19,10 +19,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructType
 
 from settlement.config import REPO_ROOT, load_settings
-from settlement.eod.model import CashObligation, Netting, netting, rows_of
+from settlement.eod.model import CashObligation, Leg, Netting, net_legs, netting, rows_of, vwap
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
 from settlement.spark.session import artifact_name, local_frame, persist_sized, spark_jars
+from settlement.spark.settle import net
 from tests import spark_fixtures
 
 # pytest finds fixtures among module attributes; a name bound by assignment (not import) is
@@ -61,6 +62,16 @@ def frame(spark: SparkSession, rows: list[tuple[Any, ...]], schema: StructType) 
 def same(actual: DataFrame, expected: DataFrame) -> None:
     # Aggregates are nullable where the inputs are not; NOT NULL is the tables' business.
     assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def _frames(spark: SparkSession, trades: DataFrame, day: str | dt.date = DAY
+            ) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """The close's netting of ``trades`` (settlement.spark.settle.net: the legs in Spark,
+    the rest in Python) as frames: positions, cash obligations, instrument summary."""
+    n = net(trades, day)
+    return (frame(spark, n.positions, S.POSITIONS_SCHEMA),
+            frame(spark, n.obligations, S.CASH_OBLIGATIONS_SCHEMA),
+            frame(spark, n.instruments, S.INSTRUMENT_SUMMARY_SCHEMA))
 
 
 def _netting(obligations: DataFrame) -> Netting:
@@ -118,7 +129,7 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
         ],
         S.TRADE_SCHEMA,
     )
-    pos = T.positions(trades, DAY)
+    pos, cash, _ = _frames(spark, trades)
     same(
         pos,
         frame(
@@ -134,7 +145,7 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
         ),
     )
     same(
-        T.cash_obligations(pos),
+        cash,
         frame(
             spark,
             [
@@ -149,7 +160,7 @@ def test_account_that_only_buys(spark: SparkSession) -> None:
 
 def test_one_trade(spark: SparkSession) -> None:
     trades = frame(spark, [trade("t1", "XAU", "2345.6789", 3, "A", "B")], S.TRADE_SCHEMA)
-    pos = T.positions(trades, "2024-03-15")
+    pos, cash, summary = _frames(spark, trades, "2024-03-15")
     amount = d("7037.0367")
     same(
         pos,
@@ -163,7 +174,7 @@ def test_one_trade(spark: SparkSession) -> None:
         ),
     )
     same(
-        T.instrument_summary(trades, DAY),
+        summary,
         frame(
             spark,
             [(DAY, "XAU", 1, 3, amount, d("2345.6789"), d("2345.6789"), d("2345.6789"))],
@@ -171,14 +182,12 @@ def test_one_trade(spark: SparkSession) -> None:
         ),
     )
     # Both legs settle in full: nothing was netted away.
-    assert _netting(T.cash_obligations(pos)) == Netting(amount, 2 * amount, Decimal(0))
+    assert _netting(cash) == Netting(amount, 2 * amount, Decimal(0))
 
 
 def test_a_day_with_zero_trades(spark: SparkSession) -> None:
     trades = frame(spark, [], S.TRADE_SCHEMA)
-    pos = T.positions(T.dedupe_trades(trades), DAY)
-    obligations = T.cash_obligations(pos)
-    summary = T.instrument_summary(trades, DAY)
+    pos, obligations, summary = _frames(spark, T.dedupe_trades(trades))
     same(pos, frame(spark, [], S.POSITIONS_SCHEMA))
     same(obligations, frame(spark, [], S.CASH_OBLIGATIONS_SCHEMA))
     same(summary, frame(spark, [], S.INSTRUMENT_SUMMARY_SCHEMA))
@@ -210,9 +219,10 @@ def test_trades_of_other_dates_are_not_settled(spark: SparkSession) -> None:
         ],
         S.TRADE_SCHEMA,
     )
-    rows = T.positions(trades, DAY).select("account", "net_qty").collect()
+    pos, _, summary = _frames(spark, trades)
+    rows = pos.select("account", "net_qty").collect()
     assert sorted(map(tuple, rows)) == [("A", 1), ("B", -1)]
-    assert T.instrument_summary(trades, DAY).select("trades").collect()[0][0] == 1
+    assert summary.select("trades").collect()[0][0] == 1
 
 
 def test_multi_account_multi_symbol_day_balances(spark: SparkSession) -> None:
@@ -228,15 +238,14 @@ def test_multi_account_multi_symbol_day_balances(spark: SparkSession) -> None:
         trade("m5", "OIL", "81.0001", 11, "B", "C"),
     ]
     trades = frame(spark, rows, S.TRADE_SCHEMA)
-    pos = T.positions(trades, DAY)
+    pos, obligations, _ = _frames(spark, trades)
     per_symbol = pos.groupBy("symbol").agg(F.sum("net_qty").alias("q"), F.sum("net_cash"))
     assert {r["symbol"]: r["q"] for r in per_symbol.collect()} == {"XAU": 0, "YEN": 0, "OIL": 0}
     totals = pos.agg(F.sum("net_cash"), F.sum("trade_count")).collect()[0]
     assert totals[0] == 0
     assert totals[1] == 2 * len(rows)  # every trade has two legs
-    obligations = T.cash_obligations(pos)
     assert obligations.agg(F.sum("net_cash")).collect()[0][0] == 0
-    ring = T.cash_obligations(T.positions(trades.where(F.col("symbol") == "XAU"), DAY))
+    ring = _frames(spark, trades.where(F.col("symbol") == "XAU"))[1]
     assert _netting(ring).efficiency == 1  # the ring nets out completely
 
 
@@ -252,11 +261,25 @@ def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
         ],
         S.TRADE_SCHEMA,
     )
-    row = T.instrument_summary(trades, DAY).collect()[0]
+    row = _frames(spark, trades)[2].collect()[0]
     assert row["notional"] == d("1010429.9029")
     assert row["volume"] == 27561
     assert row["vwap"] == d("36.6615835020")
     assert str(row["vwap"]) == "36.6615835020"
+
+
+def test_vwap_halves_round_up_and_sums_never_round() -> None:
+    # Exactly half a unit of the 10th place rounds up; just below it does not.
+    assert vwap(d("0.0001"), 2_000_000) == d("1E-10")
+    assert vwap(d("0.0001"), 2_000_001) == d("0E-10")
+    assert str(vwap(d("1010429.9029"), 27561)) == "36.6615835020"
+    # A sum that does not fit the tables' numeric(28,4) is refused, never rounded (Decimal's
+    # default 28 digits would round it silently).
+    big = d("999999999999999999999999.9999")  # the largest numeric(28,4)
+    legs = [Leg(f"A{i}", "XAU", 1, 0, big, d("0"), 1, 1, d("1"), d("1")) for i in range(2)]
+    legs += [Leg("B", "XAU", 0, 1, d("0"), big, 1, 0, d("1"), d("1"))] * 2
+    with pytest.raises(OverflowError, match="numeric"):
+        net_legs(legs, DAY)
 
 
 # -- a random day against plain Python -------------------------------------------------------
@@ -330,14 +353,10 @@ def test_random_day_matches_plain_python(spark: SparkSession) -> None:
     trades = T.dedupe_trades(frame(spark, rows, S.TRADE_SCHEMA)).cache()
     try:
         assert trades.count() == 501  # 500 + the other day's trade; replays removed
-        pos = T.positions(trades, DAY).cache()
+        pos, cash, summary = _frames(spark, trades)
         same(pos, frame(spark, positions, S.POSITIONS_SCHEMA))
-        cash = T.cash_obligations(pos)
         same(cash, frame(spark, obligations, S.CASH_OBLIGATIONS_SCHEMA))
-        same(
-            T.instrument_summary(trades, DAY),
-            frame(spark, instruments, S.INSTRUMENT_SUMMARY_SCHEMA),
-        )
+        same(summary, frame(spark, instruments, S.INSTRUMENT_SUMMARY_SCHEMA))
         assert _netting(cash) == netting
         assert 0 <= netting.efficiency < 1  # type: ignore[operator]
     finally:

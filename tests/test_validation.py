@@ -24,7 +24,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.spark import transforms as T
-from settlement.spark.schemas import AMENDMENT_SCHEMA
+from settlement.spark.schemas import AMENDMENT_SCHEMA, POSITIONS_SCHEMA
+from settlement.spark.settle import net
 from settlement.validation import DATA_LOSS_SCHEMA, ValidationOutcome, validate_frames
 from settlement.validation.run import ensure_project, get_context
 from settlement.validation.suites import all_suites
@@ -197,7 +198,7 @@ def validate(spark: SparkSession, day: Day, everything: bool = False,  # noqa: F
     assert settled is not None
     amendments = spark.createDataFrame(rows["amendments"], AMENDMENT_SCHEMA)
     final = T.final_trades(settled, amendments)
-    positions = (day.positions or (lambda s, t: T.positions(t, DATE)))(spark, final)
+    positions = (day.positions or positions_of)(spark, final)
     return validate_frames(
         spark, trade_date=DATE, partitions=2, as_read=frame(spark, rows["as_read"]),
         settlement_trades=settled, close_markers=rows["markers"], positions=positions,
@@ -207,6 +208,11 @@ def validate(spark: SparkSession, day: Day, everything: bool = False,  # noqa: F
         unique_ids=day.source == "db", only=only, final_trades=final, amendments=amendments,
         other_amendments=spark.createDataFrame(rows["other_amendments"], AMENDMENT_SCHEMA),
         **reader)
+
+
+def positions_of(spark: SparkSession, trades: DataFrame) -> DataFrame:  # noqa: F811
+    """The close's positions of ``trades`` (settlement.spark.settle.net) as a frame."""
+    return spark.createDataFrame(net(trades, DATE).positions, POSITIONS_SCHEMA)
 
 
 def failing(out: ValidationOutcome) -> set[str]:
@@ -234,7 +240,7 @@ def bump(**deltas: dict[tuple[str, str], int]) -> Any:
     """Positions of the settled day with columns changed on some (account, symbol) rows:
     ``bump(net_qty={("A", "AAPL"): 1})``."""
     def positions(spark: SparkSession, settled: DataFrame) -> DataFrame:  # noqa: F811
-        pos = T.positions(settled, DATE)
+        pos = positions_of(spark, settled)
         for col, changes in deltas.items():
             new = F.col(col)
             for (account, symbol), d in changes.items():
@@ -626,8 +632,8 @@ def test_an_amendments_seq_counts_in_the_day(spark: SparkSession) -> None:  # no
 
 
 def test_positions_that_ignore_a_bust_fail_the_invariants(spark: SparkSession) -> None:  # noqa: F811
-    as_sent = amended_day(positions=lambda s, t: T.positions(
-        s.createDataFrame(GOOD, T.TRADE_SCHEMA), DATE))
+    as_sent = amended_day(positions=lambda s, t: positions_of(
+        s, s.createDataFrame(GOOD, T.TRADE_SCHEMA)))
     out = validate(spark, as_sent)
     assert f"{INVARIANTS}: trade counts are twice the trades read" in failing(out)
     assert f"{INVARIANTS}: positions carry the day's volume and notional" in failing(out)

@@ -664,11 +664,12 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
                 settings, spark, trade_date, choice, read, day.trades, positions.result,
                 ahead, final=day.final, docs_in_background=True)))
     try:
-        settled = net_day(day, read, trade_date, choice.source)
+        settled = net_day(day, read, trade_date, choice.source,
+                          on_positions=positions.set_result)
     except BaseException as e:
-        positions.set_exception(e)
+        if not positions.done():
+            positions.set_exception(e)
         raise
-    positions.set_result(settled.result.positions)
     run.timings["settle_seconds"] = round(time.perf_counter() - settle_t0, 3)
     lease.ensure_held()
     result = settled.result

@@ -7,19 +7,22 @@ validation checks in hand instead of reading the day again.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from settlement.contract import CANCEL
 from settlement.eod.model import (
     AmendmentEffect,
-    CashObligation,
-    InstrumentSummary,
+    Leg,
+    Netted,
     Position,
     SettlementResult,
+    net_legs,
     netting,
     rows_of,
 )
@@ -40,7 +43,7 @@ class DedupedDay:
     """The day as it will be netted, before netting: what validation needs of it."""
     trades: DataFrame  # the deduplicated day as sent, cached: unpersist when done
     final: DataFrame  # in final states (cancels and corrections applied)
-    effects: list[AmendmentEffect]
+    amendments: list[Row]  # the day's cancels and corrections, in log order per trade
     trades_count: int
     raw_count: int  # before dedupe
     timings: dict[str, float]
@@ -75,43 +78,52 @@ def dedupe_day(read: DayRead) -> DedupedDay:
     # The first action on the day: for a database read this is where the rows arrive.
     timings["dedupe_seconds"] = round(time.perf_counter() - t0, 3)
     t1 = time.perf_counter()
-    # Busts and corrections: what a clearing house settles is each trade's final state.
-    effects = amendment_effects(trades, read.amendments)
-    final = T.final_trades(trades, read.amendments if effects else None)
+    # Busts and corrections: what a clearing house settles is each trade's final state
+    # (lazily: validation starts on it at once; their effects are taken while it runs).
+    amendments = amendments_in_order(read.amendments)
+    final = T.final_trades(trades, read.amendments if amendments else None)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
-    return DedupedDay(trades, final, effects, n, n_raw, timings, per_partition)
+    return DedupedDay(trades, final, amendments, n, n_raw, timings, per_partition)
 
 
-def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str) -> SettledDay:
-    """Positions, obligations and instrument summaries of a deduplicated day."""
+def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
+            on_positions: Callable[[list[Position]], None] | None = None) -> SettledDay:
+    """Positions, obligations and instrument summaries of a deduplicated day.
+    ``on_positions``: called with the positions as soon as they are netted (validation's
+    last suite waits for them), before the amendments' effects are looked up."""
     timings = dict(day.timings)
     t1 = time.perf_counter()
-    # One pass over the day; positions, obligations and instruments are aggregates of it.
-    legs = T.netting_legs(day.final, trade_date).persist()
-    pos = T.positions_of(legs, trade_date)
-    # Sorted here, not by Spark: an orderBy is a sampling job and a range shuffle more per
-    # result, and the results are at most accounts x symbols rows (Python's order of str is
-    # Spark's of UTF-8 strings: by code point).
-    positions = sorted(rows_of(Position, pos.collect()), key=lambda p: (p.account, p.symbol))
-    obligations = sorted(rows_of(CashObligation, T.cash_obligations(pos).collect()),
-                         key=lambda o: o.account)
-    instruments = sorted(rows_of(InstrumentSummary,
-                                 T.instruments_of(legs, trade_date).collect()),
-                         key=lambda i: i.symbol)
+    # One pass over the day in Spark, its legs (at most accounts x symbols rows) collected;
+    # positions, obligations and instruments are small aggregates of them, taken in Python
+    # (sorted there too: Python's order of str is Spark's of UTF-8 strings, by code point).
+    positions, obligations, instruments = net(day.final, trade_date)
+    if on_positions is not None:
+        on_positions(positions)
     per_partition = day.per_partition if day.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
         for r in day.trades.groupBy("kafka_partition").count().collect()}
-    legs.unpersist()
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
+    t2 = time.perf_counter()
+    effects = amendment_effects(day.trades, day.amendments)
+    timings["amendments_seconds"] = round(
+        timings.get("amendments_seconds", 0) + time.perf_counter() - t2, 3)
     result = SettlementResult(
         trade_date=trade_date, source=source, trades=day.trades_count,
         duplicates_removed=day.raw_count - day.trades_count,
         malformed=read.malformed, positions=positions, obligations=obligations,
         instruments=instruments, netting=netting(obligations),
         close_markers=read.close_markers, trades_per_partition=per_partition,
-        timings=timings, late_in_range=read.late, amendments=day.effects,
+        timings=timings, late_in_range=read.late, amendments=effects,
     )
     return SettledDay(result, day.trades, day.final)
+
+
+def net(final: DataFrame, trade_date: str | dt.date) -> Netted:
+    """The positions, cash obligations and instrument summary of a day in final states: its
+    legs summed by Spark in one pass (at most accounts x symbols rows, collected), the rest
+    taken from them in Python (``settlement.eod.model.net_legs``)."""
+    day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
+    return net_legs(rows_of(Leg, T.netting_legs(final, day).collect()), day)
 
 
 def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
@@ -119,15 +131,19 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     return net_day(dedupe_day(read), read, trade_date, source)
 
 
-def amendment_effects(trades: DataFrame, amendments: DataFrame | None) -> list[AmendmentEffect]:
-    """Each cancel and correction of the day with the trade before and after it, in log
-    order per trade: the audit report's list and its cash effect. The amendments are few;
-    only their trades are collected."""
+def amendments_in_order(amendments: DataFrame | None) -> list[Row]:
+    """The day's cancels and corrections (few, held by the driver already: the readers
+    collect them), in log order per trade. Sorted here: an orderBy is a Spark job."""
     if amendments is None:
         return []
-    # Sorted here: the amendments are few, and an orderBy is a Spark job of its own.
-    rows = sorted(amendments.collect(),
+    return sorted(amendments.collect(),
                   key=lambda r: (r["trade_id"], r["kafka_partition"], r["kafka_offset"]))
+
+
+def amendment_effects(trades: DataFrame, rows: list[Row]) -> list[AmendmentEffect]:
+    """Each cancel and correction of the day (``amendments_in_order``) with the trade before
+    and after it, in log order per trade: the audit report's list and its cash effect. Only
+    their trades are collected."""
     if not rows:
         return []
     # A set lookup in the scan (Spark's InSet): no broadcast of the ids to build first.

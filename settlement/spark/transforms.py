@@ -20,12 +20,10 @@ from pyspark.sql.types import DateType, DecimalType, LongType
 
 from settlement.contract import CANCEL, CORRECT, CORRECTED_FIELDS
 from settlement.spark.schemas import (
-    AMENDMENT_SCHEMA,
     AMOUNT,
     PRICE,
     PRODUCT,
     TRADE_SCHEMA,
-    VWAP,
 )
 
 # -- settlement steps ----------------------------------------------------------------------
@@ -42,11 +40,6 @@ def dedupe_trades(df: DataFrame) -> DataFrame:
     kafka_offset). The remaining columns break ties, so the choice never depends on how rows
     are spread over tasks (two ledgers holding the same offset, for instance)."""
     return _earliest(df, ("trade_id",))
-
-
-def conform_amendments(df: DataFrame) -> DataFrame:
-    """Select and cast AMENDMENT_SCHEMA's columns (a JDBC read of ``trade_amendments``)."""
-    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in AMENDMENT_SCHEMA])
 
 
 def dedupe_amendments(df: DataFrame) -> DataFrame:
@@ -84,9 +77,9 @@ def final_trades(trades: DataFrame, amendments: DataFrame | None) -> DataFrame:
 
 
 def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """The day's trades summed per (account, symbol): the one pass over the day that both
-    the positions (``positions_of``) and the instrument summary (``instruments_of``) are
-    taken from, each a small aggregate of this one (a 2M day scanned once instead of twice).
+    """The day's trades summed per (account, symbol) (``settlement.eod.model.Leg``): the one
+    pass over the day; the positions, cash obligations and instrument summary are small
+    aggregates of its rows, taken in the driver (``settlement.eod.model.net_legs``).
 
     Each trade becomes two legs, the buyer's and the seller's, which are then summed; trades
     of other dates are ignored. ``trade_count`` counts the trades the account took part in on
@@ -132,79 +125,6 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     )
 
 
-def positions(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """Net position per (account, symbol) for one business date (POSITIONS_SCHEMA)."""
-    return positions_of(netting_legs(trades, trade_date), trade_date)
-
-
-def positions_of(legs: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """The positions (POSITIONS_SCHEMA) from ``netting_legs``' rows."""
-    return legs.select(
-        _date_lit(trade_date).alias("trade_date"),
-        "account",
-        "symbol",
-        "bought_qty",
-        "sold_qty",
-        (F.col("bought_qty") - F.col("sold_qty")).alias("net_qty"),
-        "buy_amount",
-        "sell_amount",
-        (F.col("sell_amount") - F.col("buy_amount")).cast(AMOUNT).alias("net_cash"),
-        "trade_count",
-    )
-
-
-def cash_obligations(positions: DataFrame) -> DataFrame:
-    """Net cash per account against the central counterparty (CASH_OBLIGATIONS_SCHEMA);
-    ``net_cash > 0``: the CCP pays the account.
-
-    ``trade_count`` sums the positions' counts over symbols. That is exactly the number of
-    trades the account took part in: a trade has one symbol and the account is on one side.
-    """
-    grouped = positions.groupBy("trade_date", "account").agg(
-        F.sum("buy_amount").cast(AMOUNT).alias("buy_amount"),
-        F.sum("sell_amount").cast(AMOUNT).alias("sell_amount"),
-        F.sum("trade_count").cast(LongType()).alias("trade_count"),
-    )
-    return grouped.select(
-        "trade_date",
-        "account",
-        "buy_amount",
-        "sell_amount",
-        (F.col("sell_amount") - F.col("buy_amount")).cast(AMOUNT).alias("net_cash"),
-        "trade_count",
-    )
-
-
-def instrument_summary(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """Per symbol: trades, volume, notional, VWAP (notional / volume rounded half-up to 10
-    places), low and high price (INSTRUMENT_SUMMARY_SCHEMA)."""
-    return instruments_of(netting_legs(trades, trade_date), trade_date)
-
-
-def instruments_of(legs: DataFrame, trade_date: str | dt.date) -> DataFrame:
-    """The instrument summary (INSTRUMENT_SUMMARY_SCHEMA) from ``netting_legs``' rows: every
-    trade is one buy of one account, so a symbol's trades, volume and notional are its
-    accounts' buys, bought quantities and buy amounts (exact: sums of decimals of scale 4),
-    its low and high the lowest and highest of theirs."""
-    grouped = legs.groupBy("symbol").agg(
-        F.sum("buys").alias("trades"),
-        F.sum("bought_qty").alias("volume"),
-        F.sum("buy_amount").cast(AMOUNT).alias("notional"),
-        F.min("low_price").alias("low_price"),
-        F.max("high_price").alias("high_price"),
-    )
-    return grouped.select(
-        _date_lit(trade_date).alias("trade_date"),
-        "symbol",
-        "trades",
-        "volume",
-        "notional",
-        _div_half_up(F.col("notional"), F.col("volume"), 10).cast(VWAP).alias("vwap"),
-        "low_price",
-        "high_price",
-    )
-
-
 # -- helpers -------------------------------------------------------------------------------
 
 
@@ -223,23 +143,3 @@ def _on_date(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
 def _amount(price: Column, quantity: Column) -> Column:
     """price * quantity as decimal(38,4), exact."""
     return price.cast(PRICE) * quantity.cast(DecimalType(19, 0))
-
-
-def _div_half_up(num: Column, den: Column, scale: int) -> Column:
-    """``num / den`` rounded half-up to ``scale`` (<= 10) places, exactly; num >= 0 with at
-    most ``scale`` decimals, den a positive integer, the quotient below 10**(28 - scale).
-
-    Spark divides decimals at a bounded scale, rounding half-up, and the cast to the target
-    scale rounds again; that double rounding lifts a quotient just below a half (…4999|7)
-    up. So this works in integers: with N = num * 10**scale, the answer is
-    floor((2N + den) / (2 * den)) / 10**scale, the floor taken through the remainder.
-    """
-    unit = F.lit(10**scale).cast(DecimalType(scale + 1, 0))
-    n = (num * unit).cast(DecimalType(38, 0))  # exact: num has at most `scale` decimals
-    d = den.cast(DecimalType(19, 0))
-    top = n + n + d
-    bottom = d + d
-    quotient = ((top - top % bottom) / bottom).cast(DecimalType(28, 0))
-    # decimal(28,0) / decimal(scale+1,0) gets scale 10 within Spark's 38 digits: exact here.
-    return quotient / unit
-
