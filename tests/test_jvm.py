@@ -31,8 +31,8 @@ def jars(tmp_path: Path) -> list[Path]:
 
 
 def test_small_day_gets_the_quick_compiler_and_warnings_on_stderr(tmp_path, jars):
-    small = J.driver_jvm(None, jars, small_day=True)
-    large = J.driver_jvm(None, jars, small_day=False)
+    small = J.driver_jvm(None, jars, quick_jit=True)
+    large = J.driver_jvm(None, jars, quick_jit=False)
     assert J.QUICK_JIT in small.options and J.QUICK_JIT not in large.options
     # stdout carries a close's --json summary: the JVM's own warnings must not go there
     for d in (small, large):
@@ -57,12 +57,12 @@ def test_quick_compiler_threshold():
 
 def test_first_close_builds_the_next_maps(tmp_path, jars):
     folder = tmp_path / "jvm"
-    first = J.driver_jvm(folder, jars, small_day=False)
+    first = J.driver_jvm(folder, jars, quick_jit=False)
     assert first.archive == "building" and first.building is not None
     assert f"-XX:ArchiveClassesAtExit={first.building}" in first.options
     assert first.building != first.archive_path  # never written where readers look
     # a second close meanwhile neither waits nor writes: it runs without an archive
-    second = J.driver_jvm(folder, jars, small_day=False)
+    second = J.driver_jvm(folder, jars, quick_jit=False)
     assert second.archive == "off" and not any("Archive" in o for o in second.options)
     # the building JVM exits cleanly after writing its file: installed, lock released
     proc = subprocess.Popen(["sh", "-c", f"cat >/dev/null; printf cds > '{first.building}'"],
@@ -70,31 +70,31 @@ def test_first_close_builds_the_next_maps(tmp_path, jars):
     assert J.install_archive(first, proc)
     assert first.archive_path is not None and first.archive_path.read_text() == "cds"
     assert not Path(f"{first.archive_path}.lock").exists() and not first.building.exists()
-    third = J.driver_jvm(folder, jars, small_day=False)
+    third = J.driver_jvm(folder, jars, quick_jit=False)
     assert third.archive == "used"
     assert f"-XX:SharedArchiveFile={first.archive_path}" in third.options
 
 
 def test_a_jvm_that_fails_installs_nothing(tmp_path, jars):
     folder = tmp_path / "jvm"
-    d = J.driver_jvm(folder, jars, small_day=False)
+    d = J.driver_jvm(folder, jars, quick_jit=False)
     assert d.building is not None and d.archive_path is not None
     proc = subprocess.Popen(["sh", "-c", f"cat >/dev/null; printf half > '{d.building}'; exit 3"],
                             stdin=subprocess.PIPE)
     assert not J.install_archive(d, proc)
     assert not d.archive_path.exists() and not d.building.exists()
     # the lock is released: the next close tries again
-    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+    assert J.driver_jvm(folder, jars, quick_jit=False).archive == "building"
 
 
 def test_a_stale_lock_is_taken_over(tmp_path, jars):
     folder = tmp_path / "jvm"
-    d = J.driver_jvm(folder, jars, small_day=False)
+    d = J.driver_jvm(folder, jars, quick_jit=False)
     assert d.archive_path is not None
     lock = Path(f"{d.archive_path}.lock")
     old = time.time() - J.STALE_LOCK_SECONDS - 5
     os.utime(lock, (old, old))
-    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+    assert J.driver_jvm(folder, jars, quick_jit=False).archive == "building"
 
 
 def test_key_follows_the_jars_and_old_archives_go(tmp_path, jars):
@@ -107,7 +107,7 @@ def test_key_follows_the_jars_and_old_archives_go(tmp_path, jars):
     folder.mkdir()
     stale = folder / f"{J.PREFIX}0000000000000000.jsa"
     stale.write_text("old")
-    d = J.driver_jvm(folder, jars, small_day=False)
+    d = J.driver_jvm(folder, jars, quick_jit=False)
     assert d.archive == "building" and not stale.exists()
 
 
@@ -169,11 +169,11 @@ def test_a_real_driver_builds_the_archive_and_the_next_maps_it(tmp_path):
 def test_a_jvm_that_never_started_releases_the_lock(tmp_path, jars):
     """build_session's getOrCreate failed: no JVM will write the archive."""
     folder = tmp_path / "jvm"
-    d = J.driver_jvm(folder, jars, small_day=False)
+    d = J.driver_jvm(folder, jars, quick_jit=False)
     assert d.archive == "building" and d.archive_path is not None
     assert not J.finish_archive(d, exited_cleanly=False)
     assert not Path(f"{d.archive_path}.lock").exists() and not d.archive_path.exists()
-    assert J.driver_jvm(folder, jars, small_day=False).archive == "building"
+    assert J.driver_jvm(folder, jars, quick_jit=False).archive == "building"
 
 
 def test_the_setup_warm_up_says_why_it_builds_nothing(tmp_path):

@@ -72,7 +72,7 @@ def driver_archive(hook: SparkSubmitHook, settings: Any) -> Any:
     # The day's size is not known here (the job chooses its source itself): the JIT stays
     # the JVM's default. The same key as the CLI's: --jars load in a class loader of their
     # own, so the driver's class path is Spark's either way.
-    jvm = plan_driver_jvm(settings, spark_jars(settings), small_day=False)
+    jvm = plan_driver_jvm(settings, spark_jars(settings), quick_jit=False)
     conf = dict(hook._conf or {})
     # The driver's heap as the CLI's closes get it (spark-submit's own default is 1g). A size
     # the DAG file set wins.

@@ -1,5 +1,5 @@
 """The driver JVM's start-up options: a class archive of Spark's classes, and the quick
-compiler alone for a small day.
+compiler alone for a day too short to pay C2 back.
 
 A close is a process of its own, so every close starts a JVM that loads and verifies some
 twenty thousand classes of Spark, Catalyst, Netty and the connectors before its first job,
@@ -12,9 +12,10 @@ Python. Two JVM features remove most of that (docs/benchmarks.md, issue 44):
   classes again. The JVM checks the archive against its own build and class path and ignores
   one that does not match (a close then just starts as it did before); the archive's name
   carries a key of the JVM and the jars, so an upgrade builds a new one.
-- **The quick compiler alone** (``-XX:TieredStopAtLevel=1``) for a small day (at most
-  ``spark_small_day_rows`` rows): C2's optimizing compiler pays off on a long run, and on a
-  small day it only competes with the work for the two cores.
+- **The quick compiler alone** (``-XX:TieredStopAtLevel=1``) for a day of at most
+  ``spark_quick_jit_rows`` rows (a small day always): C2's optimizing compiler pays off on a
+  long run; on a shorter one it only competes with the work for the two cores (measured in
+  docs/benchmarks.md: it pays back from about a million rows).
 
 One close at a time builds the archive (a lock file, claimed atomically); it is written under
 a temporary name while the JVM exits and renamed into place only once that JVM exited
@@ -134,9 +135,11 @@ def holds_files(folder: Path) -> bool:
         return False
 
 
-def driver_jvm(folder: Path | None, classpath: Sequence[Path], small_day: bool,
+def driver_jvm(folder: Path | None, classpath: Sequence[Path], quick_jit: bool,
                conf_dir: Path | None = None, may_build: bool = True) -> DriverJvm:
-    """The driver's options, the quick compiler alone for a ``small_day``.
+    """The driver's options, the quick compiler alone when ``quick_jit`` (the caller's
+    ``settlement.spark.session.quick_jit``: a small day, or one of at most
+    ``spark_quick_jit_rows`` rows).
 
     ``folder`` holds the archives (None: no archive). An existing archive for this JVM and
     class path is mapped; with none, this JVM builds it unless another close is building
@@ -145,7 +148,7 @@ def driver_jvm(folder: Path | None, classpath: Sequence[Path], small_day: bool,
     writes nor maps an archive while a directory on its class path holds files ("Cannot have
     non-empty directory in paths"), so then there is none."""
     options: list[str] = list(WARNINGS_TO_STDERR)
-    if small_day:
+    if quick_jit:
         options.append(QUICK_JIT)
     java = java_binary()
     if folder is None or java is None or (conf_dir is not None and holds_files(conf_dir)):

@@ -170,7 +170,7 @@ def quick_jit(settings: Settings, day_rows: int | None) -> bool:
         day_rows is not None and day_rows <= settings.spark_quick_jit_rows)
 
 
-def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool,
+def plan_driver_jvm(settings: Settings, jars: Sequence[str], quick_jit: bool,
                     may_build: bool = True) -> DriverJvm:
     """The driver JVM's options (settlement.spark.jvm) for a session this process starts."""
     folder = settings.jars_dir.parent / "jvm" if settings.spark_class_archive else None
@@ -178,7 +178,7 @@ def plan_driver_jvm(settings: Settings, jars: Sequence[str], small_day: bool,
     classpath = [*sorted(bundled.glob("*.jar")), *(Path(j) for j in jars)]
     # spark-submit's configuration folder, first on the driver's class path.
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or bundled.parent / "conf")
-    return driver_jvm(folder, classpath, small_day, conf_dir, may_build)
+    return driver_jvm(folder, classpath, quick_jit, conf_dir, may_build)
 
 
 def with_driver_options(jvm: DriverJvm, given: str | None) -> str:
@@ -202,8 +202,9 @@ def build_session(
     master and jars, cannot change; SQL settings are applied to it).
 
     A driver JVM this process starts maps the class archive (or builds it) and, for a day of
-    ``day_rows`` up to ``spark_small_day_rows``, runs the quick compiler alone
-    (settlement.spark.jvm); such a day's queries are interpreted (SMALL_DAY). ``jvm_info``
+    ``day_rows`` up to ``spark_quick_jit_rows`` (``quick_jit``), runs the quick compiler alone
+    (settlement.spark.jvm); a day up to ``spark_small_day_rows`` is also interpreted
+    (SMALL_DAY). ``jvm_info``
     gets what was decided.
     """
     small_day = is_small_day(settings, day_rows)

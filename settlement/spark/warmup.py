@@ -39,7 +39,7 @@ def archive_present(settings: Settings) -> bool:
     """True when a close's driver JVM would map an archive now (none is built here)."""
     from settlement.spark.session import plan_driver_jvm, spark_jars
 
-    return plan_driver_jvm(settings, spark_jars(settings), small_day=True,
+    return plan_driver_jvm(settings, spark_jars(settings), quick_jit=True,
                            may_build=False).archive == "used"
 
 
