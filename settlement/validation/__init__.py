@@ -125,11 +125,14 @@ def validate_frames(
              "day_partitions": parts}
     # How many trades of the day are busted (a cancel of a trade not in the day is
     # amendments_day's to name): the day is searched only when it has amendments.
+    # The day searched for the cancelled ids, which are broadcast (a semi join from the
+    # cancels' side can broadcast only the day: a 2M day's ids were shuffled for it).
     views["day_cancelled"] = local_frame(spark, [(0,)], "cancelled long") \
         if amendments is None else (
-            amendments.where(F.col("kind") == "cancel").select("trade_id").distinct()
-            .join(settlement_trades.select("trade_id"), "trade_id", "left_semi")
-            .agg(F.count(F.lit(1)).alias("cancelled")))
+            settlement_trades.select("trade_id")
+            .join(F.broadcast(amendments.where(F.col("kind") == "cancel")
+                              .select("trade_id").distinct()), "trade_id", "left_semi")
+            .agg(F.count_distinct("trade_id").alias("cancelled")))
     skip = dict(skip or {})
     if amendments is None or not any(r["amendments"] for r in part_rows):
         skip.setdefault("amendments_day", "no cancel or correction on this day")
