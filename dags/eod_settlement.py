@@ -103,6 +103,7 @@ def eod_settlement() -> None:
         choice = choose(orch.settings_from_airflow(), day, params["source"])
         print(f"source: {choice.source} -- {choice.reason}")
         ti.xcom_push(key="source_reason", value=choice.reason)
+        ti.xcom_push(key="day_rows", value=choice.day_rows())  # the driver's JIT follows it
         return f"settle_from_{choice.source}"
 
     def settle(source: str) -> SettlementSparkSubmitOperator:
@@ -118,6 +119,7 @@ def eod_settlement() -> None:
                 "--accept-incomplete", "{{ params.accept_incomplete or '' }}",
                 "--only-if-unsettled", "{{ 'no' if params.rerun else 'yes' }}"],
             jars="{{ ti.xcom_pull(task_ids='prepare')['jars'] }}",
+            day_rows="{{ ti.xcom_pull(task_ids='choose_source', key='day_rows') }}",
             conf={"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"},
             pool=orch.SPARK_POOL,
             execution_timeout=orch.settle_timeout(SETTINGS),

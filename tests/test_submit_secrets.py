@@ -103,8 +103,8 @@ def test_a_driver_in_spark_submit_shares_the_class_archive(
         master: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The DAG's spark-submit builds the class archive the CLI's closes map (the same key),
     or maps it; the DAG's own driver options stay. A remote driver gets none."""
-    from settlement.orchestration.operators import driver_archive
-    from settlement.spark.jvm import finish_archive
+    from settlement.orchestration.operators import counted_rows, driver_archive
+    from settlement.spark.jvm import QUICK_JIT, finish_archive
 
     settings = load_settings(spark_master=master, jars_dir=tmp_path / "jars")
     hook = _hook(master, mode, monkeypatch)
@@ -129,3 +129,10 @@ def test_a_driver_in_spark_submit_shares_the_class_archive(
     assert used.archive == "used" and used.archive_path == jvm.archive_path
     assert f"-XX:SharedArchiveFile={jvm.archive_path}" in " ".join(
         again._build_spark_submit_command("job.py"))
+    # The JIT follows the day's size the DAG's source choice counted, as the CLI's close.
+    assert QUICK_JIT not in text  # not counted: the JVM's default
+    for rendered, quick in (("200000", True), (200000, True), ("None", False), (None, False),
+                            (str(settings.spark_quick_jit_rows + 1), False)):
+        sized = _hook(master, mode, monkeypatch)
+        driver_archive(sized, settings, counted_rows(rendered))
+        assert (QUICK_JIT in " ".join(sized._build_spark_submit_command("job.py"))) is quick

@@ -22,6 +22,14 @@ class SettlementSparkSubmitOperator(SparkSubmitOperator):
     written for the run, a remote one (k8s or YARN cluster mode) the one mounted into it.
     """
 
+    # ``day_rows``: the day's size as the DAG's source choice counted it (templated from its
+    # XCom; "None" when it could not count), which decides the driver's JIT.
+    template_fields = (*SparkSubmitOperator.template_fields, "day_rows")
+
+    def __init__(self, *, day_rows: str | int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.day_rows = day_rows
+
     def execute(self, context: Any) -> None:
         from settlement.orchestration.tasks import settings_from_airflow
         from settlement.spark.session import cluster_conf, is_cluster
@@ -54,25 +62,39 @@ class SettlementSparkSubmitOperator(SparkSubmitOperator):
         if getattr(self, "_run_dir", None) is not None:  # set by execute()
             secure_hook(hook, self._settings, self._run_dir)
             if self._jvm is None:  # one decision (and one claim of the lock) per run
-                self._jvm = driver_archive(hook, self._settings)
+                self._jvm = driver_archive(hook, self._settings, counted_rows(self.day_rows))
         return hook
 
 
-def driver_archive(hook: SparkSubmitHook, settings: Any) -> Any:
+def counted_rows(rendered: str | int | None) -> int | None:
+    """The day's rows as the templated XCom renders them: a number, or its text (None,
+    "None" or "": not counted)."""
+    if isinstance(rendered, int):
+        return rendered
+    return int(rendered) if rendered and rendered.strip().isdigit() else None
+
+
+def driver_archive(hook: SparkSubmitHook, settings: Any, day_rows: int | None = None) -> Any:
     """A driver that runs in the spark-submit process maps the class archive the CLI's
-    closes share (settlement.spark.jvm), or builds it: the option joins the job's
-    spark.driver.extraJavaOptions. Returns the decision (None for a remote driver, which
-    starts on another machine)."""
+    closes share (settlement.spark.jvm), or builds it, and runs the quick compiler alone for
+    a day of ``day_rows`` up to ``spark_quick_jit_rows`` as the CLI's close does (None: the
+    JVM's default JIT): the options join the job's spark.driver.extraJavaOptions. Returns
+    the decision (None for a remote driver, which starts on another machine)."""
     from settlement.orchestration.submit_secrets import remote_driver
-    from settlement.spark.session import plan_driver_jvm, spark_jars, with_driver_options
+    from settlement.spark.session import (
+        plan_driver_jvm,
+        quick_jit,
+        spark_jars,
+        with_driver_options,
+    )
 
     conn = hook._connection
     if remote_driver(conn["master"], conn.get("deploy_mode")):
         return None
-    # The day's size is not known here (the job chooses its source itself): the JIT stays
-    # the JVM's default. The same key as the CLI's: --jars load in a class loader of their
-    # own, so the driver's class path is Spark's either way.
-    jvm = plan_driver_jvm(settings, spark_jars(settings), quick_jit=False)
+    # The same key as the CLI's: --jars load in a class loader of their own, so the
+    # driver's class path is Spark's either way.
+    jvm = plan_driver_jvm(settings, spark_jars(settings),
+                          quick_jit=quick_jit(settings, day_rows))
     conf = dict(hook._conf or {})
     # The driver's heap as the CLI's closes get it (spark-submit's own default is 1g). A size
     # the DAG file set wins.
