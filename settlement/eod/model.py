@@ -150,7 +150,7 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
 
     The legs are at most accounts x symbols rows, summed by Spark from the day's trades;
     what is left is small, so it is taken here, in one pass, rather than by two more Spark
-    jobs and their shuffles (0.9 s of a 200,000-trade close, docs/benchmarks.md). A cash
+    jobs and their shuffles (0.93 s of a 200,000-trade close, docs/benchmarks-history.md). A cash
     obligation sums the account's positions (its trade count is exactly its trades: a
     trade has one symbol and the account is on one side); a symbol's trades, volume and
     notional are its accounts' buys, bought quantities and buy amounts; its VWAP is

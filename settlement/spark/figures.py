@@ -106,7 +106,7 @@ def figures(trades: DataFrame, rows: bool = True) -> DataFrame:
     before anything is shuffled (a few rows per task). ``rows`` False: without the row
     hash sums (NULL), for a copy no other copy is compared with: its completeness needs the
     counts and seq sums only, and the md5 of every row was most of the aggregate's cost
-    (0.6 s of 0.8 s for 200,000 trades). A NULL sum equals no other copy's figures, so a
+    (0.4 s of 0.6 s for 200,000 trades, warm). A NULL sum equals no other copy's figures, so a
     reconciliation handed them would drill down, never pass."""
     return (trades
             .groupBy(F.col("kafka_partition").cast("int").alias("kafka_partition"),

@@ -398,7 +398,7 @@ def read_amendments(spark: SparkSession, settings: Settings, ledger: str, trade_
                     ) -> DataFrame:
     """One ledger's cancels and corrections of the day (AMENDMENT_SCHEMA): few, so one query
     of the driver, handed to Spark in memory (Spark's JDBC reader cost a schema query and a
-    Spark job, about 0.3 s of a 200,000-trade close)."""
+    Spark job: a 200,000-trade close's read step took 0.9-1.1 s with it, 0.5 s without)."""
     with connect(settings.ledger_dsn(ledger)) as conn:
         rows = conn.execute(f"select {', '.join(AMENDMENT_COLUMNS)} from trade_amendments "
                             "where trade_date = %s", (dt.date.fromisoformat(trade_date),)
