@@ -79,3 +79,15 @@ def test_bad_drill_arguments_are_refused(services: Settings) -> None:
     external = services.model_copy(update={"pg_dsn": "postgresql://x@db:5432/s"})
     with pytest.raises(ValueError, match="cannot restart an external"):
         drill.run_drill(drill.DrillSpec("shared", "db-restart"), external)
+
+
+def test_the_eod_kill_drill_holds_the_close_before_its_publication() -> None:
+    """The campaign's ``at`` (0.2-0.7) reaches every kill point, each a listed crash point
+    met before the publishing transaction (the drill then kills a close that cannot have
+    published, however fast it is)."""
+    from settlement.crashpoints import POINTS
+    from settlement.drills.close import KILL_POINTS, kill_point
+
+    order = list(POINTS)
+    assert {kill_point(a / 100) for a in range(20, 71)} == set(KILL_POINTS)
+    assert all(order.index(p) < order.index("publish.before_commit") for p in KILL_POINTS)

@@ -52,14 +52,28 @@ def _poll(what: str, timeout: float, fn: Callable[[], Any]) -> Any:
     raise RuntimeError(f"eod-kill drill: timed out after {timeout:.0f}s waiting for {what}")
 
 
+# Where A's close is held for the kill, by the drill's ``at``: steps of its run before the
+# publication. A time into the run was used before: a faster close (a small day's run takes
+# about 5 s) published before the kill, and the drill judged a takeover that never happened.
+KILL_POINTS = ("close.run_started", "close.staged", "close.validated")
+
+
+def kill_point(at: float) -> str:
+    """The crash point (settlement.crashpoints) A's close is held at, for ``at`` in (0, 1)."""
+    return KILL_POINTS[min(int(at * len(KILL_POINTS)), len(KILL_POINTS) - 1)]
+
+
 def kill_a_close(settings: Settings, env: dict[str, str], trade_date: str, logs: Path,
                  at: float, say: Callable[[str], None]) -> CloseOutcome:
-    """Start both sites' closes of ``trade_date``; kill A's once B is waiting on the lease
-    and A's run is ``at`` of the way into a ten-second window after it started."""
+    """Start both sites' closes of ``trade_date``. Site A's freezes itself at a step of its
+    run (``kill_point(at)``, holding the date's lease); once B waits on the lease, A is
+    SIGKILLed from outside, frozen mid-run."""
     dsn = settings.for_component("settlement").settlement_dsn
     log_a, log_b = logs / "close-a.log", logs / "close-b.log"
-    close_a = spawn_settle(["eod", "--date", trade_date], {**env, "SETTLE_SITE_NAME": "a"},
-                           log_a)
+    point = kill_point(at)
+    close_a = spawn_settle(["eod", "--date", trade_date],
+                           {**env, "SETTLE_SITE_NAME": "a",
+                            "SETTLE_CRASH_AT": f"{point}:pause"}, log_a)
 
     def holding() -> int | None:
         with open_connection(dsn) as conn:
@@ -74,7 +88,9 @@ def kill_a_close(settings: Settings, env: dict[str, str], trade_date: str, logs:
                            log_b)
     _poll("site B's close to wait on the lease", 120,
           lambda: "waiting for the close in progress" in log_b.read_text(errors="replace"))
-    time.sleep(max(0.0, started + 10 * at - time.monotonic()))
+    _poll(f"site A's close to reach {point}", 300,
+          lambda: f"crash point {point}: pause" in log_a.read_text(errors="replace")
+          or close_a.poll() is not None)
     close_a.send_signal(signal.SIGKILL)
     fault_at, into = dt.datetime.now(dt.UTC), time.monotonic() - started
     close_a.wait(timeout=30)
@@ -90,7 +106,7 @@ def kill_a_close(settings: Settings, env: dict[str, str], trade_date: str, logs:
     published, trades, success = row if row else (None, None, None)
     later = [s for r, (_, s, _) in runs.items() if r != run_a and s > fault_at]
     takeover = round((min(later) - fault_at).total_seconds(), 3) if later else None
-    note = (f"site A's close killed {into:.1f}s into run {run_a}; "
+    note = (f"site A's close killed at {point}, {into:.1f}s into run {run_a}; "
             f"site B's close took over: run {out_b.get('run_id')}, abandoned "
             f"{out_b.get('abandoned_runs')}")
     return CloseOutcome(

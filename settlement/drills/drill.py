@@ -16,7 +16,8 @@ fault always finds A working:
 - ``broker-kill``: SIGKILL one broker of the three-node cluster while the gateway produces
   with acks=all (it is restarted after the day);
 - ``eod-kill``: the day is ingested without a fault, then both sites close it at once and
-  site A's close is SIGKILLed mid-run; site B's close takes the date's lease over and
+  site A's close is SIGKILLed mid-run (held frozen at a step before its publication, chosen
+  by ``at``: settlement/drills/close.py); site B's close takes the date's lease over and
   publishes (settlement/drills/close.py judges the close: one publication, the killed run
   abandoned, none left running).
 
