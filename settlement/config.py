@@ -344,6 +344,23 @@ class InstructionSettings(BaseModel):
                                      "amounts")
     fails_alert_share: float = Field(0.05, ge=0, le=1, description="alert when fails exceed "
                                      "this share of a settlement date's instructions")
+    # Which industry model the instructions follow (settlement.instructions): a clearing
+    # house's continuous net settlement, or instructions to a custodian or CSD participant.
+    instructions_mode: Literal["ccp", "custodian"] = Field(
+        "ccp", description="ccp: net obligations against the clearing house, fails carried "
+        "into the next net; custodian: one sese.023 per obligation under a head.001 header, "
+        "fails stay pending, a re-close cancels (sese.020) and re-instructs")
+    custodian_sender_bic: str = Field("SETLUS33XXX", description="custodian mode: the BIC "
+                                      "sending the instructions (head.001 From)")
+    custodian_receiver_bic: str = Field("CUSTUS33XXX", description="custodian mode: the "
+                                        "custodian's or CSD's BIC (head.001 To)")
+    depository_bic: str = Field("DTCYUS33", description="custodian mode: the place of "
+                                "settlement (the depository's BIC, DTC: DTCYUS33)")
+    clearing_house_bic: str = Field("NSCCUS33", description="custodian mode: the counterparty "
+                                    "the net obligations face (the clearing house's BIC)")
+    fail_close_out_days: int = Field(4, ge=0, le=30, description="custodian mode: settlement "
+                                     "days after its intended date by which a pending fail "
+                                     "must be closed out (bought in)")
 
 
 class OperationsSettings(BaseModel):
@@ -464,6 +481,19 @@ class Settings(OperationsSettings, InstructionSettings, CloseSettings, SparkSett
                 raise ValueError(f"{part!r} is neither 'us-banks', 'none' nor a YYYY-MM-DD "
                                  "date") from None
         return v
+
+    @field_validator("custodian_sender_bic", "custodian_receiver_bic", "depository_bic",
+                     "clearing_house_bic")
+    @classmethod
+    def _bic(cls, v: str) -> str:
+        from stdnum import bic
+        from stdnum.exceptions import ValidationError as BicError
+
+        try:
+            return str(bic.validate(v))
+        except BicError as e:
+            raise ValueError(f"{e.message.rstrip('.').lower()}: expected a BIC of 8 or 11 "
+                             "characters, e.g. DTCYUS33") from None
 
     @field_validator("settlement_currency")
     @classmethod

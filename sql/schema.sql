@@ -172,6 +172,25 @@ CREATE SEQUENCE public.ingest_batches_id_seq
     NO MAXVALUE
     CACHE 1;
 ALTER SEQUENCE public.ingest_batches_id_seq OWNED BY public.ingest_batches.id;
+CREATE TABLE public.instruction_answers (
+    answer_id bigint NOT NULL,
+    instruction_id text NOT NULL,
+    status text NOT NULL,
+    settled_quantity bigint,
+    source_file text,
+    file_line integer,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT instruction_answers_settled_quantity_check CHECK ((settled_quantity >= 0)),
+    CONSTRAINT instruction_answers_status_check CHECK ((status = ANY (ARRAY['settled'::text, 'failed'::text])))
+);
+ALTER TABLE public.instruction_answers ALTER COLUMN answer_id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.instruction_answers_answer_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
 CREATE TABLE public.instruction_statuses (
     instruction_id text NOT NULL,
     status text NOT NULL,
@@ -280,6 +299,8 @@ CREATE TABLE public.settlement_runs (
     version integer,
     based_on_run bigint,
     triggered_by text,
+    instructions_mode text,
+    CONSTRAINT settlement_runs_instructions_mode_check CHECK ((instructions_mode = ANY (ARRAY['ccp'::text, 'custodian'::text]))),
     CONSTRAINT settlement_runs_source_check CHECK ((source = ANY (ARRAY['kafka'::text, 'db'::text]))),
     CONSTRAINT settlement_runs_status_check CHECK ((status = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'abandoned'::text]))),
     CONSTRAINT settlement_runs_version_check CHECK ((version >= 1))
@@ -367,10 +388,13 @@ CREATE TABLE public.settlement_instructions (
     version integer NOT NULL,
     carried_from text DEFAULT ''::text NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    kind text DEFAULT 'instruct'::text NOT NULL,
+    links text DEFAULT ''::text NOT NULL,
     CONSTRAINT settlement_instructions_amount_check CHECK ((amount >= (0)::numeric)),
     CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
     CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
     CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
+    CONSTRAINT settlement_instructions_kind_check CHECK ((kind = ANY (ARRAY['instruct'::text, 'cancel'::text]))),
     CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
     CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
     CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
@@ -467,6 +491,8 @@ ALTER TABLE ONLY public.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
 ALTER TABLE ONLY public.ingest_batches
     ADD CONSTRAINT ingest_batches_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.instruction_answers
+    ADD CONSTRAINT instruction_answers_pkey PRIMARY KEY (answer_id);
 ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_pkey PRIMARY KEY (instruction_id);
 ALTER TABLE ONLY public.instrument_summary
@@ -493,8 +519,6 @@ ALTER TABLE ONLY public.securities
     ADD CONSTRAINT securities_pkey PRIMARY KEY (symbol);
 ALTER TABLE ONLY public.settlement_instructions
     ADD CONSTRAINT settlement_instructions_pkey PRIMARY KEY (instruction_id);
-ALTER TABLE ONLY public.settlement_instructions
-    ADD CONSTRAINT settlement_instructions_run_id_account_symbol_key UNIQUE (run_id, account, symbol);
 ALTER TABLE ONLY public.settlement_runs
     ADD CONSTRAINT settlement_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.site_heartbeats
@@ -504,10 +528,13 @@ ALTER TABLE ONLY public.trades
 CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingested_at);
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
+CREATE INDEX instruction_answers_instruction ON public.instruction_answers USING btree (instruction_id);
 CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btree (instruction_id) WHERE ((carried_into_run IS NULL) AND ((open_quantity <> 0) OR (open_amount <> (0)::numeric)));
 CREATE INDEX late_amendments_held ON public.late_amendments USING btree (trade_date, kafka_partition, kafka_offset) WHERE (amended IS NULL);
 CREATE INDEX reclose_decisions_date ON public.reclose_decisions USING btree (trade_date);
 CREATE INDEX settlement_instructions_date ON public.settlement_instructions USING btree (settlement_date);
+CREATE UNIQUE INDEX settlement_instructions_run_key ON public.settlement_instructions USING btree (run_id, account, symbol) WHERE (kind = 'instruct'::text);
+CREATE INDEX settlement_instructions_trade_date ON public.settlement_instructions USING btree (trade_date);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);
 CREATE UNIQUE INDEX settlement_runs_date_version ON public.settlement_runs USING btree (trade_date, version) WHERE (version IS NOT NULL);
 CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (site, beat_at);
@@ -520,6 +547,8 @@ ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.close_leases
     ADD CONSTRAINT close_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.instruction_answers
+    ADD CONSTRAINT instruction_answers_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
 ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_carried_into_run_fkey FOREIGN KEY (carried_into_run) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.instruction_statuses

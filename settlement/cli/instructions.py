@@ -15,10 +15,13 @@ def register(sub: Subparsers) -> None:
     sp = add_command(sub, "instructions", "a published day's settlement instructions (T+N, "
                                           "fails carried), or the agent's answer to them",
                      cmd_instructions)
-    sp.add_argument("action", nargs="?", choices=["write", "status"], default="write",
+    sp.add_argument("action", nargs="?", choices=["write", "status", "pending"],
+                    default="write",
                     help="write: the instructions of --date; status: record the settlement "
-                         "agent's answer (--file)")
-    sp.add_argument("--date", type=date, help="write: the trade date YYYY-MM-DD")
+                         "agent's answer (--file); pending: custodian mode's failed "
+                         "instructions still pending, with age and close-out date")
+    sp.add_argument("--date", type=date, help="write: the trade date YYYY-MM-DD; pending: "
+                    "the day ages are counted to (default: today)")
     sp.add_argument("--format", choices=["csv", "iso20022"], default="csv",
                     help="write: CSV (one line per instruction) or ISO 20022 sese.023 "
                          "(one SctiesSttlmTxInstr per line, schema-checked)")
@@ -52,6 +55,8 @@ def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     try:
         if args.action == "status":
             return _status(args, s)
+        if args.action == "pending":
+            return _pending(args, s)
         return _write(args, s)
     except InstructionsError as e:
         raise CommandFailed(str(e), {"error": str(e)}) from None
@@ -59,7 +64,8 @@ def cmd_instructions(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.crashpoints import crash_point
-    from settlement.instructions.files import default_path, write
+    from settlement.instructions import write_rendered
+    from settlement.instructions.files import default_path
     from settlement.instructions.store import delta_set, instructions
 
     if args.summary and args.delta:
@@ -70,9 +76,10 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         return _summary(s, day, args.out)
     path = args.out or default_path(Path(s.reports_dir), day, args.format,
                                     "delta" if args.delta else "")
-    write(day, args.format, path, s.settlement_currency)
+    held = write_rendered(s, day, args.format, path)
     crash_point(s.crash_at, "instructions.files")
-    return {**day.as_dict(), "format": args.format, "path": str(path), "delta": args.delta}
+    out = {**day.as_dict(), "format": args.format, "path": str(path), "delta": args.delta}
+    return {**out, "held": [h.__dict__ for h in held]} if day.mode == "custodian" else out
 
 
 def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
@@ -96,6 +103,29 @@ def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
             "members": [line.as_dict(sdate) for line in members]}
 
 
+def _pending(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
+    import datetime as dt
+
+    from rich.table import Table
+
+    from settlement.cli.common import console
+    from settlement.instructions.store import pending
+
+    as_of = dt.date.fromisoformat(args.date) if args.date else dt.date.today()
+    rows = pending(s, as_of)
+    table = Table(title=f"pending with the agent on {as_of} (custodian mode)")
+    cols = ("instruction_id", "account", "symbol", "side", "open_quantity",
+            "intended_settlement_date", "age_days", "close_out_date")
+    for col in cols:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in cols))
+    console().print(table)
+    return {"as_of": as_of.isoformat(), "pending": rows,
+            "past_close_out": [r["instruction_id"] for r in rows
+                               if r["close_out_date"] < as_of.isoformat()]}
+
+
 def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.store import apply_answers
 
@@ -113,7 +143,9 @@ def _alert(s: Settings, over: dict[str, Any], share: float) -> None:
 
     detail = (f"{over['open_fails']} of {over['instructions']} instructions for settlement on "
               f"{over['settlement_date']} failed or settled in part ({over['share']:.1%}, above "
-              f"SETTLE_FAILS_ALERT_SHARE {share:.1%}); they are carried into the next "
-              "settlement date's instructions")
+              f"SETTLE_FAILS_ALERT_SHARE {share:.1%}); "
+              + ("they stay pending with the agent (settle instructions pending)"
+                 if s.instructions_mode == "custodian" else
+                 "they are carried into the next settlement date's instructions"))
     deliver(Alert("instruction_fails", day_verdict(s, over["trade_date"], airflow_base_url()),
                   detail), s)

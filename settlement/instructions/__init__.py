@@ -15,7 +15,9 @@ from typing import Any
 
 from settlement.config import Settings
 from settlement.instructions import summary
-from settlement.instructions.files import FORMATS, default_path, write
+from settlement.instructions.custodian import Held, Parties, held_csv, messages
+from settlement.instructions.files import FORMATS, default_path, render
+from settlement.instructions.refdata import lookup
 from settlement.instructions.store import InstructionSet, instructions
 from settlement.services.procs import write_private
 
@@ -29,23 +31,53 @@ def planned(settings: Settings, day: InstructionSet,
                       for fmt in formats}}
 
 
+def render_set(settings: Settings, day: InstructionSet, fmt: str
+               ) -> tuple[str, list[Held]]:
+    """A set in one format, and the lines held back from it. A set written in custodian mode
+    renders as its messages (settlement.instructions.custodian), naming what the reference
+    data holds; the CSV lists every line whichever the mode."""
+    if fmt == "iso20022" and day.mode == "custodian":
+        secs, parts = lookup(settings, (x.symbol for x in day.lines),
+                             (x.account for x in day.lines))
+        parties = Parties(settings.custodian_sender_bic, settings.custodian_receiver_bic,
+                          settings.depository_bic, settings.clearing_house_bic)
+        return messages(day, secs, parts, parties, settings.settlement_currency)
+    return render(day, fmt, settings.settlement_currency), []
+
+
+def write_rendered(settings: Settings, day: InstructionSet, fmt: str, path: Path
+                   ) -> list[Held]:
+    """The set's file in one format, for the owner only; a custodian set's held lines beside
+    it (``-held.csv``, only when some are). Returns the held lines."""
+    text, held = render_set(settings, day, fmt)
+    write_private(path, text)
+    if held:
+        write_private(path.with_name(path.stem + "-held.csv"), held_csv(held))
+    return held
+
+
 def write_set_files(settings: Settings, day: InstructionSet,
                     formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
     """A committed set's files, one per format, and its per-member summary
     (``summary_path``), beside the audit reports (rewriting them gives the same bytes: the set
-    is the committed one). Returns ``planned`` and the summary's path."""
+    is the committed one). Returns ``planned``, the summary's path and, in custodian mode,
+    the lines held back (``held``)."""
     out = planned(settings, day, formats)
+    held: list[Held] = []
     for fmt, path in out["paths"].items():
-        write(day, fmt, Path(path), settings.settlement_currency)
-    return {**out, "summary_path": str(write_summary(settings, day)[0])}
+        held += write_rendered(settings, day, fmt, Path(path))
+    out = {**out, "summary_path": str(write_summary(settings, day)[0])}
+    if day.mode == "custodian":
+        out["held"] = [h.__dict__ for h in held]
+    return out
 
 
 def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None
                   ) -> tuple[Path, list[summary.MemberLine]]:
     """The set's per-member summary as CSV (settlement.instructions.summary), for the owner
     only, as the instructions; returns the file and the lines written."""
-    members = summary.for_set(settings.for_component("settlement").settlement_dsn, day.lines,
-                              day.carried_in)
+    members = summary.for_set(settings.for_component("settlement").settlement_dsn,
+                              [x for x in day.lines if x.kind == "instruct"], day.carried_in)
     path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
     write_private(path, summary.to_csv(members, dt.date.fromisoformat(day.settlement_date)))
     return path, members

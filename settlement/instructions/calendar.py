@@ -102,6 +102,23 @@ class SettlementCalendar:
             left -= self.settlement_day(day, year)
         return day
 
+    def add_days(self, start: dt.date, n: int) -> dt.date:
+        """The n-th settlement day after ``start`` (a fail's close-out date)."""
+        day, left = start, n
+        while left:
+            day += dt.timedelta(days=1)
+            left -= self.settlement_day(day, start.year)
+        return day
+
+    def days_between(self, start: dt.date, end: dt.date) -> int:
+        """Settlement days after ``start`` up to and including ``end`` (a fail's age: 0 on
+        its intended settlement date, 1 the next settlement day)."""
+        day, n = start, 0
+        while day < end:
+            day += dt.timedelta(days=1)
+            n += self.settlement_day(day, start.year)
+        return n
+
 
 def settlement_date(settings: Settings, trade_date: str | dt.date) -> dt.date:
     """The settlement date of ``trade_date`` under this deployment's cycle and calendar."""

@@ -16,25 +16,39 @@ their SHA-256, checked by the tests). The rules checked in code (``rule_problems
   delivery the receiving ones, each with the depository (place of settlement) and the agent
   (``Pty1``) by BIC; the instructing party's own agent with its safekeeping account.
 
-Not wired into the close yet: the instruction files are still the clearing-house view
-(settlement.instructions.files).
+A set written in custodian mode (``SETTLE_INSTRUCTIONS_MODE=custodian``) is sent as one file
+of messages (``messages``): each a head.001 ``AppHdr`` and its ``Document``, side by side in a
+``Msg`` of a transport envelope of ours (``ENVELOPE``), as SWIFT's and the CSDs' file
+channels carry a header and its document together; the envelope only groups them, and each
+header and document is checked on its own against the official schema. A re-close's
+cancellations are sese.020 documents naming the cancelled instruction; its new instructions
+link the ones they replace (``Lnkgs``, processing position INFO). A line the reference data
+cannot name (no ISIN for its symbol, no participant for its account) or a cash-only line is
+held: listed with its reason, never sent with a placeholder.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
-from dataclasses import dataclass
+import io
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from settlement.instructions.model import Instruction
+from settlement.instructions.model import Instruction, minor_units
 from settlement.instructions.refdata import Participant, Security
+
+if TYPE_CHECKING:
+    from settlement.instructions.store import InstructionSet
 
 SESE023 = "urn:iso:std:iso:20022:tech:xsd:sese.023.001.11"
 SESE020 = "urn:iso:std:iso:20022:tech:xsd:sese.020.001.07"
 HEAD001 = "urn:iso:std:iso:20022:tech:xsd:head.001.001.02"
+ENVELOPE = "urn:dual-site-settlement:messages:1"
 OFFICIAL = Path(__file__).resolve().parent / "schemas" / "iso20022"
 # Each vendored schema's SHA-256 (SOURCES.md says where it comes from).
 SOURCES: dict[str, str] = {
@@ -79,13 +93,6 @@ def _party(parent: Any, path: str, depository: str, agent: str,
         _el(pty1, SESE023, "SfkpgAcct/Id", safekeeping)
 
 
-def minor_units(currency: str) -> int:
-    """ISO 4217's decimals of ``currency`` (CLDR's data, by Babel)."""
-    from babel.numbers import get_currency_precision
-
-    return int(get_currency_precision(currency))
-
-
 def amount_text(amount: Decimal, currency: str) -> str:
     """``amount`` written in the currency's minor units; one that is not whole in them is
     refused (ValueError), never rounded here: rounding is the obligation's business."""
@@ -97,8 +104,9 @@ def amount_text(amount: Decimal, currency: str) -> str:
 
 
 def sese023(instr: Instruction, security: Security, participant: Participant,
-            parties: Parties) -> Any:
-    """The instruction's sese.023 ``Document`` (an lxml element)."""
+            parties: Parties, currency: str | None = None) -> Any:
+    """The instruction's sese.023 ``Document`` (an lxml element); its amount in ``currency``
+    (default: the security's)."""
     from lxml import etree
 
     doc = etree.Element(f"{{{SESE023}}}Document", nsmap={None: SESE023})
@@ -107,6 +115,11 @@ def sese023(instr: Instruction, security: Security, participant: Participant,
     kind = _el(tx, SESE023, "SttlmTpAndAddtlParams")
     _el(kind, SESE023, "SctiesMvmntTp", instr.side)
     _el(kind, SESE023, "Pmt", "FREE" if instr.payment == "NONE" else "APMT")
+    for replaced in (x for x in instr.links.split(";") if x):
+        # Information only: the instruction it replaces was cancelled (or settled in part).
+        link = _el(tx, SESE023, "Lnkgs")
+        _el(link, SESE023, "PrcgPos/Cd", "INFO")
+        _el(link, SESE023, "Ref/SctiesSttlmTxId", replaced)
     trade = _el(tx, SESE023, "TradDtls")
     _el(trade, SESE023, "TradDt/Dt/Dt", instr.trade_date)
     _el(trade, SESE023, "SttlmDt/Dt/Dt", instr.settlement_date)
@@ -122,22 +135,40 @@ def sese023(instr: Instruction, security: Security, participant: Participant,
     _party(tx, "RcvgSttlmPties", *receiving)
     if instr.payment != "NONE":
         money = _el(tx, SESE023, "SttlmAmt")
-        _el(money, SESE023, "Amt", amount_text(instr.amount, security.currency),
-            Ccy=security.currency)
+        ccy = currency or security.currency
+        _el(money, SESE023, "Amt", amount_text(instr.amount, ccy), Ccy=ccy)
         # The account's view: it pays (DBIT) or is paid (CRDT).
         _el(money, SESE023, "CdtDbtInd", "DBIT" if instr.payment == "PAY" else "CRDT")
     return doc
 
 
+def sese020(instr: Instruction, participant: Participant) -> Any:
+    """A ``cancel`` line's sese.020 ``Document``: the cancellation of the instruction it
+    links, named by that one's id, movement and payment type (its own id is the header's
+    BizMsgIdr)."""
+    from lxml import etree
+
+    doc = etree.Element(f"{{{SESE020}}}Document", nsmap={None: SESE020})
+    req = _el(doc, SESE020, "SctiesTxCxlReq")
+    ref = _el(req, SESE020, "AcctOwnrTxId/SctiesSttlmTxId")
+    _el(ref, SESE020, "TxId", instr.links)
+    _el(ref, SESE020, "SctiesMvmntTp", instr.side)
+    _el(ref, SESE020, "Pmt", "FREE" if instr.payment == "NONE" else "APMT")
+    _el(req, SESE020, "SfkpgAcct/Id", participant.safekeeping_account)
+    return doc
+
+
 def app_header(instr: Instruction, parties: Parties, created: dt.datetime) -> Any:
-    """The head.001 Business Application Header of the instruction's message."""
+    """The head.001 Business Application Header of the line's message (sese.023, or sese.020
+    for a cancellation)."""
     from lxml import etree
 
     hdr = etree.Element(f"{{{HEAD001}}}AppHdr", nsmap={None: HEAD001})
     _el(hdr, HEAD001, "Fr/FIId/FinInstnId/BICFI", parties.sender_bic)
     _el(hdr, HEAD001, "To/FIId/FinInstnId/BICFI", parties.receiver_bic)
     _el(hdr, HEAD001, "BizMsgIdr", instr.instruction_id)
-    _el(hdr, HEAD001, "MsgDefIdr", "sese.023.001.11")
+    _el(hdr, HEAD001, "MsgDefIdr",
+        "sese.020.001.07" if instr.kind == "cancel" else "sese.023.001.11")
     _el(hdr, HEAD001, "CreDt", created.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     return hdr
 
@@ -183,3 +214,77 @@ def schema_problems(element: Any) -> list[str]:
     if checker.validate(element):
         return []
     return [f"line {e.line}: {e.message}" for e in checker.error_log]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A line not sent, and why."""
+
+    instruction_id: str
+    kind: str
+    account: str
+    symbol: str
+    reason: str
+
+
+def held_reason(instr: Instruction, securities: Mapping[str, Security],
+                participants: Mapping[str, Participant]) -> str | None:
+    """Why a line cannot go out as a message (None: it can)."""
+    if instr.quantity == 0:
+        return ("cash only: no securities move, so no sese.023; settle it by payment"
+                if instr.kind == "instruct" else
+                "cancels a cash-only line, which was never sent as a sese.023")
+    if instr.symbol not in securities:
+        return (f"symbol {instr.symbol} has no ISIN in the reference data (settle refdata "
+                "load --securities)")
+    if instr.account not in participants:
+        return (f"account {instr.account} has no participant in the reference data (settle "
+                "refdata load --participants)")
+    return None
+
+
+def held_csv(held: list[Held]) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(("instruction_id", "kind", "account", "symbol", "reason"))
+    w.writerows((h.instruction_id, h.kind, h.account, h.symbol, h.reason) for h in held)
+    return out.getvalue()
+
+
+def messages(day: InstructionSet, securities: Mapping[str, Security],
+             participants: Mapping[str, Participant], parties: Parties,
+             currency: str) -> tuple[str, list[Held]]:
+    """A custodian-mode set as one file of messages, and the lines held back. Every header
+    and document is checked against its official schema and the code-checked rules first:
+    a file with one problem is refused (ValueError naming it), never written."""
+    from lxml import etree
+
+    assert day.created is not None, "a custodian set has its creation time"
+    root = etree.Element(f"{{{ENVELOPE}}}Msgs", nsmap={None: ENVELOPE}, tradeDate=day.trade_date,
+                         settlementDate=day.settlement_date, runId=str(day.run_id),
+                         version=str(day.version))
+    held: list[Held] = []
+    problems: list[str] = []
+    for instr in day.lines:
+        why = held_reason(instr, securities, participants)
+        if why is not None:
+            held.append(Held(instr.instruction_id, instr.kind, instr.account, instr.symbol, why))
+            continue
+        participant = participants[instr.account]
+        if instr.kind == "cancel":
+            doc = sese020(instr, participant)
+        else:
+            # The amounts are the settlement currency's, whatever the security trades in.
+            security = replace(securities[instr.symbol], currency=currency)
+            doc = sese023(instr, security, participant, parties)
+            problems += rule_problems(instr, security, parties, doc)
+        header = app_header(instr, parties, day.created)
+        problems += [f"{instr.instruction_id}: {p}" for p in
+                     schema_problems(header) + schema_problems(doc)]
+        msg = etree.SubElement(root, f"{{{ENVELOPE}}}Msg")
+        msg.extend([header, doc])
+    if problems:
+        raise ValueError(f"the custodian messages of {day.trade_date} run {day.run_id} break "
+                         f"{len(problems)} rule(s), nothing written: " + "; ".join(problems[:5]))
+    return etree.tostring(root, xml_declaration=True, encoding="utf-8",
+                          pretty_print=True).decode("utf-8"), held

@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from settlement.instructions.model import CSV_COLUMNS, Instruction
+from settlement.instructions.model import CSV_COLUMNS, LINK_COLUMNS, Instruction
 from settlement.instructions.store import InstructionSet
-from settlement.services.procs import write_private
 
 SESE = "urn:iso:std:iso:20022:tech:xsd:sese.023.001.11"
 FILE_NS = "urn:dual-site-settlement:instructions:1"
@@ -35,11 +34,12 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 FORMATS = ("csv", "iso20022")
 
 
-def to_csv(lines: list[Instruction]) -> str:
+def to_csv(lines: list[Instruction], linked: bool = False) -> str:
+    """The contract's columns; with ``linked`` (custodian mode) also ``kind`` and ``links``."""
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    w.writerows(line.csv_row() for line in lines)
+    w.writerow(CSV_COLUMNS + LINK_COLUMNS if linked else CSV_COLUMNS)
+    w.writerows(line.csv_row(linked) for line in lines)
     return out.getvalue()
 
 
@@ -172,7 +172,12 @@ def check_iso20022(text: str) -> None:
 def render(day: InstructionSet, fmt: str, currency: str) -> str:
     if fmt not in FORMATS:
         raise ValueError(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
-    return to_csv(day.lines) if fmt == "csv" else to_iso20022(day, currency)
+    if fmt == "csv":
+        return to_csv(day.lines, linked=day.mode == "custodian")
+    if day.mode == "custodian":
+        raise ValueError("a custodian-mode set's messages need the reference data: "
+                         "settlement.instructions.render_set")
+    return to_iso20022(day, currency)
 
 
 def default_path(reports_dir: Path, day: InstructionSet, fmt: str, kind: str = "") -> Path:
@@ -183,8 +188,3 @@ def default_path(reports_dir: Path, day: InstructionSet, fmt: str, kind: str = "
     return reports_dir / "instructions" / f"{day.trade_date}-run{day.run_id}{suffix}.{ext}"
 
 
-def write(day: InstructionSet, fmt: str, path: Path, currency: str) -> Path:
-    """Write for the owner only (every account's obligations, as the audit reports) and
-    atomically (a temporary file renamed): a reader never sees half a file."""
-    write_private(path, render(day, fmt, currency))
-    return path

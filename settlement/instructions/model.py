@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 CSV_COLUMNS = ("instruction_id", "trade_date", "settlement_date", "account", "symbol", "side",
                "quantity", "payment", "amount", "version", "carried_from")
+LINK_COLUMNS = ("kind", "links")  # custodian mode's added columns
 STATUS_COLUMNS = ("instruction_id", "status", "settled_quantity")
 AMOUNT_SCALE = Decimal("0.0001")  # numeric(28, 4), as positions.net_cash
 # What a line's side and payment do to the account: + adds, - takes.
@@ -36,6 +37,10 @@ class Instruction(NamedTuple):
     amount: Decimal  # >= 0
     version: int
     carried_from: str  # the failed instructions carried in, ';'-separated ('' for none)
+    # Custodian mode: 'cancel' lines cancel the instruction in ``links`` (sese.020); an
+    # 'instruct' line of a re-close links the instructions it replaces.
+    kind: str = "instruct"
+    links: str = ""
 
     @property
     def signed_quantity(self) -> int:
@@ -45,10 +50,13 @@ class Instruction(NamedTuple):
     def signed_amount(self) -> Decimal:
         return PAYMENT_SIGN[self.payment] * self.amount
 
-    def csv_row(self) -> list[str]:
-        return [self.instruction_id, self.trade_date, self.settlement_date, self.account,
-                self.symbol, self.side, str(self.quantity), self.payment,
-                f"{self.amount:.4f}", str(self.version), self.carried_from]
+    def csv_row(self, linked: bool = False) -> list[str]:
+        """The contract's columns, and with ``linked`` custodian mode's ``kind`` and
+        ``links``."""
+        row = [self.instruction_id, self.trade_date, self.settlement_date, self.account,
+               self.symbol, self.side, str(self.quantity), self.payment,
+               f"{self.amount:.4f}", str(self.version), self.carried_from]
+        return [*row, self.kind, self.links] if linked else row
 
 
 class Net(NamedTuple):
@@ -151,3 +159,63 @@ def unsettled_part(instr: Instruction, settled_quantity: int | None) -> CarriedF
     return CarriedFail(instr.instruction_id, instr.account, instr.symbol,
                        SIDE_SIGN[instr.side] * left,
                        PAYMENT_SIGN[instr.payment] * (instr.amount - paid))
+
+
+def minor_units(currency: str) -> int:
+    """ISO 4217's decimals of ``currency`` (CLDR's data, by Babel)."""
+    from babel.numbers import get_currency_precision
+
+    return int(get_currency_precision(currency))
+
+
+def in_minor_units(nets: Mapping[tuple[str, str], Net], digits: int
+                   ) -> tuple[dict[tuple[str, str], Net], Decimal]:
+    """Custodian mode: each net's cash rounded half-even to the currency's minor units (an
+    agent refuses USD 1.2345), and the rounding residual: what the rounded nets sum to
+    beyond the exact ones (the exact nets sum to zero across accounts)."""
+    unit = Decimal(1).scaleb(-digits)
+    out = {k: Net(n.quantity, n.amount.quantize(unit, rounding=ROUND_HALF_EVEN))
+           for k, n in nets.items()}
+    residual = sum((n.amount for n in out.values()), Decimal(0)) - sum(
+        (n.amount for n in nets.values()), Decimal(0))
+    return out, residual
+
+
+def reinstruct(run_id: int, version: int, trade_date: str, settlement_date: str,
+               nets: Mapping[tuple[str, str], Net],
+               live: Iterable[tuple[Instruction, Net]]) -> list[Instruction]:
+    """Custodian mode's re-close: what the agent must be told so that the date's standing
+    instructions (``live``: each with the part of it still pending, signed) become ``nets``.
+    Per account and instrument whose standing instructions no longer sum to its net:
+
+    - every standing instruction with something pending is cancelled (a ``cancel`` line,
+      ids ``R<run>-C<n>``; a settled part cannot be cancelled);
+    - one new instruction, linked to all the standing ones, for the net less what already
+      settled (nothing when that is zero).
+
+    Unchanged nets leave their instructions standing, whatever their answers."""
+    standing: dict[tuple[str, str], list[tuple[Instruction, Net]]] = {}
+    for instr, pending in live:
+        standing.setdefault((instr.account, instr.symbol), []).append((instr, pending))
+    cancels: list[Instruction] = []
+    rest: dict[tuple[str, str], Net] = {}
+    links: dict[tuple[str, str], str] = {}
+    for key in sorted(set(nets) | set(standing)):
+        target = nets.get(key, Net(0, Decimal(0)))
+        have = standing.get(key, [])
+        sent = Net(sum(i.signed_quantity for i, _ in have),
+                   sum((i.signed_amount for i, _ in have), Decimal(0)))
+        if sent == target:
+            continue
+        settled = Net(sum(i.signed_quantity - p.quantity for i, p in have),
+                      sum((i.signed_amount - p.amount for i, p in have), Decimal(0)))
+        for instr, pending in have:
+            if pending != Net(0, Decimal(0)):
+                cancels.append(instr._replace(
+                    instruction_id=f"R{run_id}-C{len(cancels) + 1:06d}", version=version,
+                    carried_from="", kind="cancel", links=instr.instruction_id))
+        rest[key] = Net(target.quantity - settled.quantity, target.amount - settled.amount)
+        links[key] = ";".join(sorted(i.instruction_id for i, _ in have))
+    new = _lines(rest, lambda n: instruction_id(run_id, n), trade_date, settlement_date,
+                 version, {})
+    return cancels + [x._replace(links=links[(x.account, x.symbol)]) for x in new]

@@ -4,6 +4,7 @@ they carry in; the settlement agent's answers recorded all or nothing."""
 from __future__ import annotations
 
 import csv
+import datetime as dt
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -22,6 +23,9 @@ from settlement.instructions.model import (
     Net,
     build,
     delta,
+    in_minor_units,
+    minor_units,
+    reinstruct,
     unsettled_part,
 )
 
@@ -39,11 +43,21 @@ class InstructionSet:
     version: int
     lines: list[Instruction]
     carried_in: list[str] = field(default_factory=list)  # the fails these lines took over
+    mode: str = "ccp"  # the mode the set was written in (settings.instructions_mode)
+    # custodian mode: when the set was written (its messages' creation time, so a file
+    # written again is the same bytes) and the minor units' rounding residual
+    created: dt.datetime | None = None
+    rounding_residual: Decimal = Decimal(0)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"trade_date": self.trade_date, "settlement_date": self.settlement_date,
-                "run_id": self.run_id, "version": self.version,
-                "instructions": len(self.lines), "carried_in": self.carried_in}
+        out = {"trade_date": self.trade_date, "settlement_date": self.settlement_date,
+               "run_id": self.run_id, "version": self.version,
+               "instructions": len(self.lines), "carried_in": self.carried_in,
+               "mode": self.mode}
+        if self.mode == "custodian":
+            out["cancellations"] = sum(x.kind == "cancel" for x in self.lines)
+            out["rounding_residual"] = str(self.rounding_residual)
+        return out
 
 
 def _rows(rows: list[tuple[Any, ...]]) -> list[Instruction]:
@@ -73,35 +87,70 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
     conn.execute(q("instructions", "lock"))
     row = conn.execute(q("instructions", "run_settlement"), {"run_id": run_id}).fetchone()
     assert row is not None, f"run {run_id} is not recorded"
-    sdate, version = row[0], int(row[1])
-    have = _rows(conn.execute(q("instructions", "run_instructions"),
-                              {"run_id": run_id}).fetchall())
+    sdate, version, mode = row[0], int(row[1]), row[2]
     if sdate is None:
         try:
             sdate = settlement_date(settings, trade_date)
         except CalendarError as e:
             raise InstructionsError(f"{trade_date}: no settlement date: {e}") from None
-    if have:
-        carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
-        return InstructionSet(trade_date, str(sdate), run_id, version, have, carried)
-    return _write(conn, trade_date, str(sdate), run_id, version)
+    if mode is None:  # written now, in this deployment's mode
+        mode = settings.instructions_mode
+        params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": str(sdate)}
+        nets = _nets(conn, run_id)
+        if mode == "custodian":
+            _write_custodian(conn, settings, params, version, nets)
+        else:
+            _write(conn, params, version, nets)
+        conn.execute(q("instructions", "set_mode"), {"run_id": run_id, "mode": mode})
+    return _stored(conn, settings, trade_date, str(sdate), run_id, version, mode)
 
 
-def _write(conn: psycopg.Connection, trade_date: str, sdate: str, run_id: int,
-           version: int) -> InstructionSet:
-    params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": sdate}
-    nets = {(a, sym): Net(int(qty), Decimal(cash)) for a, sym, qty, cash in
-            conn.execute(q("instructions", "run_nets"), params)}
-    fails = [CarriedFail(i, a, sym, int(qty), Decimal(amt)) for i, a, sym, qty, amt in
-             conn.execute(q("instructions", "open_fails"), params)]
-    lines = build(run_id, version, trade_date, sdate, nets, fails)
+def _stored(conn: psycopg.Connection, settings: Settings, trade_date: str, sdate: str,
+            run_id: int, version: int, mode: str) -> InstructionSet:
+    have = _rows(conn.execute(q("instructions", "run_instructions"),
+                              {"run_id": run_id}).fetchall())
+    carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
+    if mode != "custodian":
+        return InstructionSet(trade_date, sdate, run_id, version, have, carried)
+    row = conn.execute(q("instructions", "run_created"), {"run_id": run_id}).fetchone()
+    _, residual = in_minor_units(_nets(conn, run_id), minor_units(settings.settlement_currency))
+    return InstructionSet(trade_date, sdate, run_id, version, have, carried, mode, row[0],
+                          residual)
+
+
+def _nets(conn: psycopg.Connection, run_id: int) -> dict[tuple[str, str], Net]:
+    return {(a, sym): Net(int(qty), Decimal(cash)) for a, sym, qty, cash in
+            conn.execute(q("instructions", "run_nets"), {"run_id": run_id})}
+
+
+def _insert(conn: psycopg.Connection, run_id: int, lines: list[Instruction]) -> None:
     with conn.cursor() as cur:
         cur.executemany(q("instructions", "insert_instruction"),
                         [{**line._asdict(), "run_id": run_id} for line in lines])
+
+
+def _write(conn: psycopg.Connection, params: dict[str, Any], version: int,
+           nets: dict[tuple[str, str], Net]) -> None:
+    """ccp mode: the day's nets plus the open fails carried in, whole sets per version."""
+    fails = [CarriedFail(i, a, sym, int(qty), Decimal(amt)) for i, a, sym, qty, amt in
+             conn.execute(q("instructions", "open_fails"), params)]
+    _insert(conn, params["run_id"], build(params["run_id"], version, params["trade_date"],
+                                          params["settlement_date"], nets, fails))
     carried = [f.instruction_id for f in fails]
     if carried:
-        conn.execute(q("instructions", "carry"), {"run_id": run_id, "ids": carried})
-    return InstructionSet(trade_date, sdate, run_id, version, lines, carried)
+        conn.execute(q("instructions", "carry"), {"run_id": params["run_id"], "ids": carried})
+
+
+def _write_custodian(conn: psycopg.Connection, settings: Settings, params: dict[str, Any],
+                     version: int, nets: dict[tuple[str, str], Net]) -> None:
+    """custodian mode: amounts in minor units; fails are not carried (a failed instruction
+    stays pending with the agent); a later version cancels and re-instructs only what
+    changed (``model.reinstruct``)."""
+    rounded, _ = in_minor_units(nets, minor_units(settings.settlement_currency))
+    live = [(Instruction(*r[:13]), Net(int(r[13]), Decimal(r[14])))
+            for r in conn.execute(q("instructions", "standing"), params)]
+    run_id, trade_date, sdate = params["run_id"], params["trade_date"], params["settlement_date"]
+    _insert(conn, run_id, reinstruct(run_id, version, trade_date, sdate, rounded, live))
 
 
 def delta_set(settings: Settings, trade_date: str) -> InstructionSet:
@@ -110,6 +159,11 @@ def delta_set(settings: Settings, trade_date: str) -> InstructionSet:
     previous version's instructions count as sent only if they were written; a previous
     version that never had any gives the current instructions whole."""
     current = instructions(settings, trade_date)
+    if current.mode == "custodian":
+        raise InstructionsError(f"{trade_date}: a custodian-mode version is already the "
+                                "change: its cancellations (sese.020) and the instructions "
+                                "replacing them; write it with settle instructions --date "
+                                f"{trade_date}")
     s = settings.for_component("settlement")
     with connect(s.settlement_dsn) as conn:
         row = conn.execute(q("instructions", "previous_version"),
@@ -191,49 +245,63 @@ def read_answers(path: Path) -> list[Answer]:
 
 
 def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
-    """``settle instructions status --file``: record the agent's answers, all or none. A fail
-    (or the unsettled rest of a partial) is carried into the next settlement date's
-    instructions until reported settled."""
+    """``settle instructions status --file``: record the agent's answers, all or none.
+
+    ccp mode: an answer is final; a fail (or the unsettled rest of a partial) is carried into
+    the next settlement date's instructions until reported settled. custodian mode: a failed
+    instruction stays pending with the agent and is answered again when it settles
+    (``settled_quantity`` is then the total settled so far); any instruction ever sent,
+    cancelled or not, and any cancellation can be answered. Every answer applied is kept in
+    ``instruction_answers``."""
     answers = read_answers(path)
     s = settings.for_component("settlement")
     counts = {"settled": 0, "failed": 0, "partial": 0, "unchanged": 0}
+    after_cancellation: list[dict[str, str]] = []
     with connect(s.settlement_dsn) as conn, conn.transaction():
         conn.execute(q("instructions", "lock"))
         known = {r[0]: r for r in conn.execute(q("instructions", "for_status"),
                                                {"ids": [a.instruction_id for a in answers]})}
         errors: list[str] = []
-        todo: list[tuple[Answer, Instruction]] = []
+        todo: list[tuple[Answer, Instruction, bool]] = []
         for a in answers:
             row = known.get(a.instruction_id)
             if row is None:
                 errors.append(f"line {a.line}: unknown instruction {a.instruction_id}")
                 continue
-            instr, current, had, had_qty = Instruction(*row[:11]), row[11], row[12], row[13]
+            instr, current, had, had_qty = Instruction(*row[:13]), row[13], row[14], row[15]
+            custodian, cancelled_by = row[16] == "custodian", row[17]
             a = _whole(a, instr)
-            why = _refusal(a, instr, bool(current), had,
-                           None if had_qty == instr.quantity else had_qty)
+            had_qty = None if had_qty == instr.quantity else had_qty
+            why = (_custodian_refusal(a, instr, had, had_qty) if custodian
+                   else _refusal(a, instr, bool(current), had, had_qty))
             if why == "":
                 counts["unchanged"] += 1
             elif why:
                 errors.append(f"line {a.line}: {a.instruction_id}: {why}")
             else:
-                todo.append((a, instr))
+                todo.append((a, instr, had is not None))
+                if cancelled_by and a.status == "settled":
+                    after_cancellation.append({"instruction_id": a.instruction_id,
+                                               "cancellation": cancelled_by})
         if errors:
             raise InstructionsError(f"{path}: nothing applied: " + "; ".join(errors))
         dates: set[str] = set()
-        for a, instr in todo:
-            rest = unsettled_part(instr, None if a.status == "failed" else
-                                  (a.settled_quantity if a.settled_quantity is not None
-                                   else instr.quantity))
+        for a, instr, again in todo:
+            rest = (None if instr.kind == "cancel" else
+                    unsettled_part(instr, None if a.status == "failed" else
+                                   (a.settled_quantity if a.settled_quantity is not None
+                                    else instr.quantity)))
             kind = ("failed" if a.status == "failed" else
                     "partial" if rest is not None else "settled")
             counts[kind] += 1
-            conn.execute(q("instructions", "insert_status"), {
-                "instruction_id": a.instruction_id, "status": a.status,
-                "settled_quantity": a.settled_quantity,
-                "open_quantity": 0 if rest is None else rest.quantity,
-                "open_amount": Decimal(0) if rest is None else rest.amount,
-                "source_file": str(path)})
+            params = {"instruction_id": a.instruction_id, "status": a.status,
+                      "settled_quantity": a.settled_quantity,
+                      "open_quantity": 0 if rest is None else rest.quantity,
+                      "open_amount": Decimal(0) if rest is None else rest.amount,
+                      "source_file": str(path), "line": a.line}
+            conn.execute(q("instructions", "update_status" if again else "insert_status"),
+                         params)
+            conn.execute(q("instructions", "insert_answer"), params)
             dates.add(instr.settlement_date)
         shares = [{"settlement_date": d, "trade_date": t, "instructions": int(n),
                    "open_fails": int(f), "share": round(int(f) / int(n), 4)}
@@ -243,7 +311,10 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
     crash_point(s.crash_at, "answers.after_commit")
     return {"file": str(path), **counts, "fail_shares": shares,
             "over_threshold": [x for x in shares if x["share"] > s.fails_alert_share],
-            "fails_alert_share": s.fails_alert_share}
+            "fails_alert_share": s.fails_alert_share,
+            # Settled although a re-close had cancelled it: the agent settled it before the
+            # cancellation reached it, so its replacement must be cancelled by hand.
+            "after_cancellation": after_cancellation}
 
 
 def _whole(a: Answer, instr: Instruction) -> Answer:
@@ -253,9 +324,20 @@ def _whole(a: Answer, instr: Instruction) -> Answer:
     return a
 
 
+def _quantity_refusal(a: Answer, instr: Instruction) -> str | None:
+    if a.settled_quantity is not None:
+        if instr.quantity == 0:
+            return "a cash-only instruction settles whole or fails: no settled_quantity"
+        if a.settled_quantity > instr.quantity:
+            return (f"settled_quantity {a.settled_quantity} exceeds the instruction's "
+                    f"quantity {instr.quantity}")
+    return None
+
+
 def _refusal(a: Answer, instr: Instruction, current: bool, had: str | None,
              had_qty: int | None) -> str | None:
-    """Why an answer is refused (None: apply it; "": the same answer was recorded already)."""
+    """ccp mode: why an answer is refused (None: apply it; "": the same answer was recorded
+    already)."""
     if had is not None:
         if had == a.status and had_qty == a.settled_quantity:
             return ""
@@ -266,13 +348,53 @@ def _refusal(a: Answer, instr: Instruction, current: bool, had: str | None,
         return (f"superseded: {instr.trade_date} was published again after it; answer the "
                 "current instructions (settle instructions --date "
                 f"{instr.trade_date})")
-    if a.settled_quantity is not None:
-        if instr.quantity == 0:
-            return "a cash-only instruction settles whole or fails: no settled_quantity"
-        if a.settled_quantity > instr.quantity:
-            return (f"settled_quantity {a.settled_quantity} exceeds the instruction's "
-                    f"quantity {instr.quantity}")
-    return None
+    return _quantity_refusal(a, instr)
+
+
+def _custodian_refusal(a: Answer, instr: Instruction, had: str | None,
+                       had_qty: int | None) -> str | None:
+    """custodian mode: a pending instruction may be answered again as it settles; what is
+    settled stays settled."""
+    if had == a.status and had_qty == a.settled_quantity:
+        return ""
+    if instr.kind == "cancel":
+        if a.settled_quantity is not None:
+            return ("a cancellation is answered settled (done) or failed (refused), with no "
+                    "settled_quantity")
+        return None if had is None else (f"already answered {had}: the answer to a "
+                                         "cancellation is final")
+    if had == "settled" and had_qty is None:
+        return "already settled whole: a settled instruction stays settled"
+    if had == "settled" and a.status == "failed":
+        return (f"{had_qty} of it settled already: the rest stays pending until answered "
+                "settled")
+    if had == "settled" and a.settled_quantity is not None and a.settled_quantity <= had_qty:
+        return (f"settled_quantity is the total settled so far: {a.settled_quantity} is not "
+                f"more than the {had_qty} recorded")
+    return _quantity_refusal(a, instr)
+
+
+def pending(settings: Settings, as_of: dt.date) -> list[dict[str, Any]]:
+    """custodian mode: the instructions still pending with the agent (failed, or the rest of
+    a partial), each with its intended settlement date, its age in settlement days on
+    ``as_of`` and the date by which it must be closed out (bought in)."""
+    from settlement.instructions.calendar import SettlementCalendar
+
+    cal = SettlementCalendar.from_settings(settings)
+    s = settings.for_component("settlement")
+    with connect(s.settlement_dsn) as conn:
+        rows = conn.execute(q("instructions", "pending")).fetchall()
+    out = []
+    for iid, trade, due, account, symbol, side, status, settled, qty, amount in rows:
+        intended = dt.date.fromisoformat(due)
+        out.append({"instruction_id": iid, "trade_date": trade, "intended_settlement_date": due,
+                    "account": account, "symbol": symbol, "side": side, "status": status,
+                    "settled_quantity": settled, "open_quantity": int(qty),
+                    "open_amount": str(amount),
+                    "age_days": cal.days_between(intended, as_of),
+                    "close_out_date": cal.add_days(intended,
+                                                   settings.fail_close_out_days).isoformat()})
+    return out
 
 
 def carried_out(dsn: str, run_id: int) -> list[dict[str, Any]]:
@@ -290,8 +412,12 @@ def run_set(dsn: str, run_id: int) -> InstructionSet | None:
     with connect(dsn) as conn:
         lines = _rows(conn.execute(q("instructions", "run_instructions"),
                                    {"run_id": run_id}).fetchall())
+        mode = conn.execute(q("instructions", "run_settlement"), {"run_id": run_id}
+                            ).fetchone()[2]
+        created = conn.execute(q("instructions", "run_created"), {"run_id": run_id}
+                               ).fetchone()[0]
     if not lines:
         return None
     carried = sorted({i for line in lines for i in line.carried_from.split(";") if i})
     return InstructionSet(lines[0].trade_date, lines[0].settlement_date, run_id,
-                          lines[0].version, lines, carried)
+                          lines[0].version, lines, carried, mode or "ccp", created)

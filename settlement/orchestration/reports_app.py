@@ -229,7 +229,7 @@ def amended_since(trade_date: str, run_id: int) -> dict[str, Any] | None:
 def instructions_file(run_id: int, fmt: str) -> Response:
     """A run's settlement instructions, rendered from the database (never from a file)."""
     from settlement.config import load_settings
-    from settlement.instructions.files import render
+    from settlement.instructions import render_set
     from settlement.instructions.store import run_set
 
     kinds = {"csv": ("csv", "text/csv"), "xml": ("iso20022", "application/xml")}
@@ -239,6 +239,6 @@ def instructions_file(run_id: int, fmt: str) -> Response:
     if day is None:
         raise HTTPException(status_code=404, detail=f"run {run_id} has no instructions")
     kind, media = kinds[fmt]
-    return Response(render(day, kind, load_settings().settlement_currency), media_type=media,
+    return Response(render_set(load_settings(), day, kind)[0], media_type=media,
                     headers={"Content-Disposition": f'attachment; filename="{day.trade_date}'
                              f'-run{run_id}.{fmt}"'})

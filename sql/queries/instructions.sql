@@ -12,8 +12,17 @@ from published_days p join settlement_runs r on r.run_id = p.run_id
 where p.trade_date = %(trade_date)s
 
 -- name: run_settlement
--- A published run's settlement date and version (the publishing transaction has numbered it).
-select settlement_date, version from settlement_runs where run_id = %(run_id)s
+-- A published run's settlement date and version (the publishing transaction has numbered it),
+-- and the mode its instructions were written in (NULL: not written yet).
+select settlement_date, version, instructions_mode from settlement_runs
+where run_id = %(run_id)s
+
+-- name: set_mode
+update settlement_runs set instructions_mode = %(mode)s where run_id = %(run_id)s
+
+-- name: run_created
+-- When a run's set was written: its messages' creation time.
+select min(created_at) from settlement_instructions where run_id = %(run_id)s
 
 -- name: previous_version
 -- The publication of the date before the current one (the version the delta is against).
@@ -25,7 +34,7 @@ limit 1
 
 -- name: run_instructions
 select instruction_id, trade_date::text, settlement_date::text, account, symbol, side,
-       quantity, payment, amount, version, carried_from
+       quantity, payment, amount, version, carried_from, kind, links
 from settlement_instructions where run_id = %(run_id)s
 order by instruction_id
 
@@ -35,9 +44,12 @@ select account, symbol, net_qty, net_cash from run_positions where run_id = %(ru
 -- name: open_fails
 -- Fails left to carry, from settlement dates before this one: not yet taken by a run, or
 -- taken by a run of this trade date that a later run superseded (the later run takes them).
+-- A custodian-mode instruction's fail stays pending with the agent: never carried.
 select s.instruction_id, i.account, i.symbol, s.open_quantity, s.open_amount
 from instruction_statuses s join settlement_instructions i using (instruction_id)
+join settlement_runs r on r.run_id = i.run_id
 where (s.open_quantity <> 0 or s.open_amount <> 0)
+  and r.instructions_mode is distinct from 'custodian' and i.kind = 'instruct'
   and i.settlement_date < %(settlement_date)s
   and (s.carried_into_run is null
        or s.carried_into_run in (select run_id from settlement_runs
@@ -47,22 +59,26 @@ order by s.instruction_id
 
 -- name: insert_instruction
 insert into settlement_instructions (instruction_id, run_id, trade_date, settlement_date,
-    account, symbol, side, quantity, payment, amount, version, carried_from)
+    account, symbol, side, quantity, payment, amount, version, carried_from, kind, links)
 values (%(instruction_id)s, %(run_id)s, %(trade_date)s, %(settlement_date)s, %(account)s,
         %(symbol)s, %(side)s, %(quantity)s, %(payment)s, %(amount)s, %(version)s,
-        %(carried_from)s)
+        %(carried_from)s, %(kind)s, %(links)s)
 
 -- name: carry
 update instruction_statuses set carried_into_run = %(run_id)s
 where instruction_id = any(%(ids)s)
 
 -- name: for_status
--- The instructions an answer names, whether each is its date's current one, and any answer
--- already recorded.
+-- The instructions an answer names, whether each is its date's current one, any answer
+-- already recorded, the mode it was written in and the cancellation sent for it, if any.
 select i.instruction_id, i.trade_date::text, i.settlement_date::text, i.account, i.symbol,
-       i.side, i.quantity, i.payment, i.amount, i.version, i.carried_from,
-       p.run_id is not distinct from i.run_id, s.status, s.settled_quantity
+       i.side, i.quantity, i.payment, i.amount, i.version, i.carried_from, i.kind, i.links,
+       p.run_id is not distinct from i.run_id, s.status, s.settled_quantity,
+       r.instructions_mode,
+       (select min(c.instruction_id) from settlement_instructions c
+        where c.kind = 'cancel' and c.links = i.instruction_id)
 from settlement_instructions i
+join settlement_runs r on r.run_id = i.run_id
 left join published_days p on p.trade_date = i.trade_date
 left join instruction_statuses s using (instruction_id)
 where i.instruction_id = any(%(ids)s)
@@ -72,6 +88,49 @@ insert into instruction_statuses (instruction_id, status, settled_quantity, open
                                   open_amount, source_file)
 values (%(instruction_id)s, %(status)s, %(settled_quantity)s, %(open_quantity)s,
         %(open_amount)s, %(source_file)s)
+
+-- name: update_status
+-- Custodian mode: a pending instruction answered again (settled at last, or more of it).
+update instruction_statuses
+set status = %(status)s, settled_quantity = %(settled_quantity)s,
+    open_quantity = %(open_quantity)s, open_amount = %(open_amount)s,
+    reported_at = now(), source_file = %(source_file)s
+where instruction_id = %(instruction_id)s
+
+-- name: insert_answer
+insert into instruction_answers (instruction_id, status, settled_quantity, source_file,
+                                 file_line)
+values (%(instruction_id)s, %(status)s, %(settled_quantity)s, %(source_file)s, %(line)s)
+
+-- name: standing
+-- Custodian mode: a trade date's instructions from its earlier runs that no cancellation
+-- took back, each with what of it is still pending (signed; all of it until answered).
+select i.instruction_id, i.trade_date::text, i.settlement_date::text, i.account, i.symbol,
+       i.side, i.quantity, i.payment, i.amount, i.version, i.carried_from, i.kind, i.links,
+       coalesce(s.open_quantity, case i.side when 'RECE' then i.quantity
+                                             when 'DELI' then -i.quantity else 0 end),
+       coalesce(s.open_amount, case i.payment when 'RECV' then i.amount
+                                              when 'PAY' then -i.amount else 0 end)
+from settlement_instructions i
+left join instruction_statuses s using (instruction_id)
+where i.trade_date = %(trade_date)s and i.run_id <> %(run_id)s and i.kind = 'instruct'
+  and not exists (select 1 from settlement_instructions c
+                  where c.kind = 'cancel' and c.links = i.instruction_id)
+order by i.instruction_id
+
+-- name: pending
+-- Custodian mode: failed instructions (and the rest of partials) still pending with the
+-- agent, oldest intended settlement date first.
+select i.instruction_id, i.trade_date::text, i.settlement_date::text, i.account, i.symbol,
+       i.side, s.status, s.settled_quantity, s.open_quantity, s.open_amount
+from instruction_statuses s
+join settlement_instructions i using (instruction_id)
+join settlement_runs r on r.run_id = i.run_id
+where r.instructions_mode = 'custodian' and i.kind = 'instruct'
+  and (s.open_quantity <> 0 or s.open_amount <> 0)
+  and not exists (select 1 from settlement_instructions c
+                  where c.kind = 'cancel' and c.links = i.instruction_id)
+order by i.settlement_date, i.instruction_id
 
 -- name: fail_share
 -- Per settlement date: the current instructions and how many were answered failed or

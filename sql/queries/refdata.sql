@@ -29,3 +29,11 @@ on conflict (account) do update
     where (p.participant_id, p.bic, p.safekeeping_account) is distinct from
           (excluded.participant_id, excluded.bic, excluded.safekeeping_account)
 returning xmax = 0
+
+-- name: securities_of
+-- The instruments a set of instructions names (custodian mode's messages).
+select symbol, isin, cusip, currency from securities where symbol = any(%(symbols)s)
+
+-- name: participants_of
+select account, participant_id, bic, safekeeping_account from participants
+where account = any(%(accounts)s)
