@@ -204,6 +204,20 @@ def test_publish_send_reclose_and_answer_what_was_sent(custodian: Any, tmp_path:
     assert [h["instruction_id"] for h in done["held"]] == [h["instruction_id"]
                                                           for h in out["held"]]
     assert Path(done["summary_path"]).exists()
+    # The audit-report pages serve the same messages, rendered from the database.
+    from fastapi.testclient import TestClient
+
+    from settlement.orchestration import reports_app
+
+    dsn = custodian.settings.for_component("auditor").settlement_dsn
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reports_app, "settlement_dsn", lambda: dsn)
+        reports_app.app.dependency_overrides[reports_app._authorized] = lambda: None
+        try:
+            page = TestClient(reports_app.app).get(f"/runs/{run1}/instructions.xml")
+        finally:
+            reports_app.app.dependency_overrides.clear()
+    assert page.status_code == 200 and page.text == Path(out["path"]).read_text()
     first = _sent(out["path"])
     assert all(kind == "sese.023.001.11" for kind, _ in first.values()) and len(first) == 4
     rows = {(r["account"], r["symbol"]): r for r in _csv(
@@ -275,4 +289,3 @@ def test_publish_send_reclose_and_answer_what_was_sent(custodian: Any, tmp_path:
         history = conn.execute("select status, settled_quantity from instruction_answers"
                                " where instruction_id = %s order by answer_id", (a3,)).fetchall()
     assert history == [("settled", 4), ("settled", None)]
-    del run1

@@ -31,14 +31,15 @@ def planned(settings: Settings, day: InstructionSet,
                       for fmt in formats}}
 
 
-def render_set(settings: Settings, day: InstructionSet, fmt: str
+def render_set(settings: Settings, day: InstructionSet, fmt: str, dsn: str | None = None
                ) -> tuple[str, list[Held]]:
     """A set in one format, and the lines held back from it. A set written in custodian mode
     renders as its messages (settlement.instructions.custodian), naming what the reference
-    data holds; the CSV lists every line whichever the mode."""
+    data holds (read at ``dsn``, default the settlement login's); the CSV lists every line
+    whichever the mode."""
     if fmt == "iso20022" and day.mode == "custodian":
-        secs, parts = lookup(settings, (x.symbol for x in day.lines),
-                             (x.account for x in day.lines))
+        secs, parts = lookup(dsn or settings.for_component("settlement").settlement_dsn,
+                             (x.symbol for x in day.lines), (x.account for x in day.lines))
         parties = Parties(settings.custodian_sender_bic, settings.custodian_receiver_bic,
                           settings.depository_bic, settings.clearing_house_bic)
         return messages(day, secs, parts, parties, settings.settlement_currency)

@@ -213,12 +213,11 @@ def load(settings: Settings, securities: Path | None, participants: Path | None
             "participants_sha256": parts_sha}
 
 
-def lookup(settings: Settings, symbols: Iterable[str], accounts: Iterable[str]
+def lookup(dsn: str, symbols: Iterable[str], accounts: Iterable[str]
            ) -> tuple[dict[str, Security], dict[str, Participant]]:
     """The stored securities and participants of these symbols and accounts (a name the
     reference data does not have is absent)."""
-    s = settings.for_component("settlement")
-    with connect(s.settlement_dsn) as conn:
+    with connect(dsn) as conn:
         secs = {r[0]: Security(*r) for r in conn.execute(
             q("refdata", "securities_of"), {"symbols": sorted(set(symbols))})}
         parts = {r[0]: Participant(*r) for r in conn.execute(

@@ -239,6 +239,7 @@ def instructions_file(run_id: int, fmt: str) -> Response:
     if day is None:
         raise HTTPException(status_code=404, detail=f"run {run_id} has no instructions")
     kind, media = kinds[fmt]
-    return Response(render_set(load_settings(), day, kind)[0], media_type=media,
+    return Response(render_set(load_settings(), day, kind, settlement_dsn())[0],
+                    media_type=media,
                     headers={"Content-Disposition": f'attachment; filename="{day.trade_date}'
                              f'-run{run_id}.{fmt}"'})
