@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from settlement.config import Settings, load_settings
@@ -59,6 +60,7 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
     reset_namespace(settings)
     logs = settings.state_dir / "demo"
     logs.mkdir(parents=True, exist_ok=True)
+    _reference_data(settings, opts.trade_date, logs / "refdata")
 
     con.print(f"2/5 trading day {opts.trade_date}: {opts.trades} trades at {opts.rate}/s, "
               f"scheme [bold]{opts.scheme}[/], both sites consuming")
@@ -159,6 +161,18 @@ def _end_of_day(settings: Settings, opts: DemoOptions, logs: Any) -> dict[str, A
             **_instructions(settings, opts.trade_date)}
 
 
+def _reference_data(settings: Settings, trade_date: str, out: Path) -> None:
+    """The simulator's securities and participants loaded as an operator would (`settle
+    refdata example` then `load`): the summary names the members, and custodian mode
+    (SETTLE_INSTRUCTIONS_MODE=custodian) finds every ISIN and safekeeping account."""
+    from settlement.instructions.refdata import example, load
+    from settlement.simulator.gateway import SimulationSpec, day_names
+
+    symbols, accounts = day_names(SimulationSpec(trade_date, 1))
+    example(out, symbols, accounts, settings.settlement_currency)
+    load(settings, out / "securities.csv", out / "participants.csv")
+
+
 def _instructions(settings: Settings, trade_date: str) -> dict[str, Any]:
     """The settlement date and the instruction files the DAG wrote after publication (the
     same files again: a run's instructions are fixed once written)."""
@@ -171,7 +185,8 @@ def _instructions(settings: Settings, trade_date: str) -> dict[str, Any]:
         return {"instructions": f"none: {e}"}
     return {"settlement_date": sent["settlement_date"], "instructions": sent["instructions"],
             "instructions_csv": sent["paths"]["csv"],
-            "instructions_iso20022": sent["paths"]["iso20022"]}
+            "instructions_iso20022": sent["paths"]["iso20022"],
+            **({"instructions_held": len(sent["held"])} if "held" in sent else {})}
 
 
 # The summary's files, and what each is, in the order they are printed.

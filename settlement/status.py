@@ -276,7 +276,8 @@ def settlement_runs(settings: Settings, days: int = 7) -> dict[str, Any]:
                          for run, d, holder, at, why
                          in conn.execute(q("lease", "abandoned_runs"), {"days": days})]
             # Instructions the settlement agent reported failed (or settled in part) that no
-            # later settlement date's instructions have taken over yet.
+            # later settlement date's instructions have taken over yet (custodian mode: still
+            # pending with the agent), less those a re-close cancelled.
             open_fails = int(conn.execute(  # type: ignore[index]
                 q("instructions", "open_fail_count")).fetchone()[0])
     except psycopg.Error as e:

@@ -270,6 +270,9 @@ def test_publish_send_reclose_and_answer_what_was_sent(custodian: Any, tmp_path:
     assert [(p["instruction_id"], p["open_quantity"], p["intended_settlement_date"],
              p["age_days"], p["close_out_date"]) for p in pend["pending"]] == [
         (a3, 6, monday_settles, 2, "2026-12-01")]  # Thanksgiving is no settlement day
+    from settlement.status import settlement_runs
+
+    assert settlement_runs(custodian.settings)["open_fails"] == 1  # a4 failed, but cancelled
     # Tuesday's trades are instructed alone: nothing carried into them.
     _publish(custodian, "2026-11-24", {("A3", "MSFT"): Net(5, Decimal("-25.0000")),
                                        ("A4", "MSFT"): Net(-5, Decimal("25.0000"))})

@@ -153,8 +153,12 @@ where i.run_id = %(run_id)s and (s.open_quantity <> 0 or s.open_amount <> 0)
 order by s.instruction_id
 
 -- name: open_fail_count
-select count(*) from instruction_statuses
-where carried_into_run is null and (open_quantity <> 0 or open_amount <> 0)
+-- Fails not yet carried (ccp) or still pending with the agent (custodian), less those a
+-- re-close cancelled.
+select count(*) from instruction_statuses s
+where s.carried_into_run is null and (s.open_quantity <> 0 or s.open_amount <> 0)
+  and not exists (select 1 from settlement_instructions c
+                  where c.kind = 'cancel' and c.links = s.instruction_id)
 
 -- name: members
 -- The clearing member (participant) of each account the reference data maps.
