@@ -211,7 +211,8 @@ CREATE TABLE public.instrument_summary (
     notional numeric(28,4) NOT NULL,
     vwap numeric(28,10) NOT NULL,
     low_price numeric(18,4) NOT NULL,
-    high_price numeric(18,4) NOT NULL
+    high_price numeric(18,4) NOT NULL,
+    close_price numeric(18,4)
 );
 CREATE TABLE public.late_amendments (
     topic text NOT NULL,
@@ -361,7 +362,8 @@ CREATE TABLE public.run_instrument_summary (
     notional numeric(28,4) CONSTRAINT instrument_summary_notional_not_null NOT NULL,
     vwap numeric(28,10) CONSTRAINT instrument_summary_vwap_not_null NOT NULL,
     low_price numeric(18,4) CONSTRAINT instrument_summary_low_price_not_null NOT NULL,
-    high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL
+    high_price numeric(18,4) CONSTRAINT instrument_summary_high_price_not_null NOT NULL,
+    close_price numeric(18,4)
 );
 CREATE TABLE public.securities (
     symbol text NOT NULL,

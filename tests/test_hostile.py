@@ -11,6 +11,7 @@ embedded server's passwords, and so are the CLI's error messages.
 
 from __future__ import annotations
 
+import datetime as dt
 import html.parser
 import os
 import re
@@ -170,12 +171,16 @@ def test_hostile_names_travel_as_data_and_the_report_runs_no_script(
         top = [r[0] for r in conn.execute(
             "select account from cash_obligations where trade_date = %s"
             " order by abs(net_cash) desc limit 10", (DAY,))]
-        notional = dict(conn.execute(
-            "select symbol, notional from instrument_summary where trade_date = %s", (DAY,)))
+        summary = {s: (n, c) for s, n, c in conn.execute(
+            "select symbol, notional, close_price from instrument_summary"
+            " where trade_date = %s", (DAY,))}
     assert counts == dict(per_account)
     for symbol in HOSTILE_SYMBOLS:
-        assert notional[symbol] == sum((t.price * t.quantity for t in settled
-                                        if t.symbol == symbol), Decimal(0))
+        mine = [t for t in settled if t.symbol == symbol]
+        assert summary[symbol][0] == sum((t.price * t.quantity for t in mine), Decimal(0))
+        # The close: the price of the symbol's last trade by (executed_at, trade_id).
+        last = max(mine, key=lambda t: (dt.datetime.fromisoformat(t.executed_at), t.trade_id))
+        assert summary[symbol][1] == last.price
 
     # The report, rendered by a real browser: no payload ran, and every name is a cell's text
     # in a table of the right shape (markup in a name would add or close rows and cells).
@@ -192,7 +197,7 @@ def test_hostile_names_travel_as_data_and_the_report_runs_no_script(
     assert [r[0] for r in obligations] == top
     assert all(len(r) == 6 for r in obligations) and all(len(r) == 5 for r in instruments)
     assert set(HOSTILE_ACCOUNTS) & {r[0] for r in obligations}
-    assert sorted(r[0] for r in instruments) == sorted(notional)
+    assert sorted(r[0] for r in instruments) == sorted(summary)
 
 
 def _texts(root: Path, skip: tuple[Path, ...] = (),

@@ -95,6 +95,11 @@ def _sql_columns(table: str) -> list[tuple[str, str]]:
         m = re.match(r"\s+(\w+)\s+(\w+(?:\(\d+,\s*\d+\))?)", line)
         if m and m.group(1) != "primary":
             cols.append((m.group(1), m.group(2).replace(" ", "")))
+    # Columns later migrations added, in order.
+    for path in sorted((REPO_ROOT / "sql" / "migrations").glob("*.sql")):
+        for name, kind in re.findall(rf"alter table {table} add column (\w+) "
+                                     r"(\w+(?:\(\d+,\s*\d+\))?)", path.read_text()):
+            cols.append((name, kind.replace(" ", "")))
     return cols
 
 
@@ -177,7 +182,8 @@ def test_one_trade(spark: SparkSession) -> None:
         summary,
         frame(
             spark,
-            [(DAY, "XAU", 1, 3, amount, d("2345.6789"), d("2345.6789"), d("2345.6789"))],
+            [(DAY, "XAU", 1, 3, amount, d("2345.6789"), d("2345.6789"), d("2345.6789"),
+              d("2345.6789"))],
             S.INSTRUMENT_SUMMARY_SCHEMA,
         ),
     )
@@ -268,6 +274,19 @@ def test_vwap_rounds_half_up_exactly(spark: SparkSession) -> None:
     assert str(row["vwap"]) == "36.6615835020"
 
 
+def test_the_close_is_the_price_of_the_days_last_trade(spark: SparkSession) -> None:
+    def at(hour: int, minute: int) -> dt.datetime:
+        return dt.datetime.combine(DAY, dt.time(hour, minute), tzinfo=UTC)
+
+    rows = [trade("z", "XAU", "1.0000", 1, "A", "B")[:-1] + (at(10, 0),),   # first by time
+            trade("a", "XAU", "2.0000", 1, "B", "C")[:-1] + (at(15, 59),),
+            trade("b", "XAU", "3.0000", 1, "C", "A")[:-1] + (at(15, 59),),  # same time: id b
+            trade("y", "XAG", "5.0000", 1, "A", "C")[:-1] + (at(9, 31),)]
+    summary = {r["symbol"]: r["close_price"]
+               for r in _frames(spark, frame(spark, rows, S.TRADE_SCHEMA))[2].collect()}
+    assert summary == {"XAU": d("3.0000"), "XAG": d("5.0000")}
+
+
 def test_vwap_halves_round_up_and_sums_never_round() -> None:
     # Exactly half a unit of the 10th place rounds up; just below it does not.
     assert vwap(d("0.0001"), 2_000_000) == d("1E-10")
@@ -276,8 +295,10 @@ def test_vwap_halves_round_up_and_sums_never_round() -> None:
     # A sum that does not fit the tables' numeric(28,4) is refused, never rounded (Decimal's
     # default 28 digits would round it silently).
     big = d("999999999999999999999999.9999")  # the largest numeric(28,4)
-    legs = [Leg(f"A{i}", "XAU", 1, 0, big, d("0"), 1, 1, d("1"), d("1")) for i in range(2)]
-    legs += [Leg("B", "XAU", 0, 1, d("0"), big, 1, 0, d("1"), d("1"))] * 2
+    at = dt.datetime(2024, 3, 15, 10, tzinfo=dt.UTC)
+    legs = [Leg(f"A{i}", "XAU", 1, 0, big, d("0"), 1, 1, d("1"), d("1"), d("1"), at, "t")
+            for i in range(2)]
+    legs += [Leg("B", "XAU", 0, 1, d("0"), big, 1, 0, d("1"), d("1"), d("1"), at, "t")] * 2
     with pytest.raises(OverflowError, match="numeric"):
         net_legs(legs, DAY)
 
@@ -309,7 +330,10 @@ def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, Netting]:
     unique = {r[0]: r for r in rows if r[1] == DAY}
     pos: dict[tuple[str, str], list] = defaultdict(lambda: [0, 0, Decimal(0), Decimal(0), 0])
     summary: dict[str, list] = {}
-    for _, _, _, _, _, symbol, price, qty, buyer, seller, _ in unique.values():
+    last: dict[str, tuple[Any, str, Decimal]] = {}  # symbol -> its last trade, its price
+    for trade_id, _, _, _, _, symbol, price, qty, buyer, seller, at in unique.values():
+        if symbol not in last or (at, trade_id) > last[symbol][:2]:
+            last[symbol] = (at, trade_id, price)
         amount = price * qty
         b, s = pos[(buyer, symbol)], pos[(seller, symbol)]
         b[0] += qty
@@ -337,7 +361,8 @@ def _expected(rows: list[tuple[Any, ...]]) -> tuple[list, list, list, Netting]:
         ctx.prec = 60
         instruments = [
             (DAY, sym, n, vol, notional,
-             (notional / vol).quantize(Decimal("1e-10"), ROUND_HALF_UP), low, high)
+             (notional / vol).quantize(Decimal("1e-10"), ROUND_HALF_UP), low, high,
+             last[sym][2])
             for sym, (n, vol, notional, low, high) in summary.items()
         ]  # fmt: skip
         gross = sum((r[6] for r in positions), Decimal(0))

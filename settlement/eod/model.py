@@ -59,6 +59,9 @@ class InstrumentSummary(NamedTuple):
     vwap: Decimal
     low_price: Decimal
     high_price: Decimal
+    # The price of the day's last trade by (executed_at, trade_id): what the instrument's
+    # open positions are marked to (None in rows published before it was kept).
+    close_price: Decimal | None
 
 
 # table -> its row type; the row's fields are the table's columns, in order.
@@ -121,6 +124,9 @@ class Leg(NamedTuple):
     buys: int  # of those, the ones it bought (a trade has one buyer)
     low_price: Decimal
     high_price: Decimal
+    last_price: Decimal  # of its last trade of the symbol, by (executed_at, trade_id)
+    last_executed_at: dt.datetime
+    last_trade_id: str
 
 
 class Netted(NamedTuple):
@@ -154,7 +160,8 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
     obligation sums the account's positions (its trade count is exactly its trades: a
     trade has one symbol and the account is on one side); a symbol's trades, volume and
     notional are its accounts' buys, bought quantities and buy amounts; its VWAP is
-    notional / volume rounded half-up to 10 places, exactly (in integers)."""
+    notional / volume rounded half-up to 10 places, exactly (in integers); its close the
+    price of its last trade (both legs of a trade name it, with the same price)."""
     legs = sorted(legs, key=lambda x: (x.account, x.symbol))
     positions = [Position(trade_date, x.account, x.symbol, x.bought_qty, x.sold_qty,
                           x.bought_qty - x.sold_qty, x.buy_amount, x.sell_amount,
@@ -178,10 +185,11 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
         xs = by_symbol[symbol]
         volume = sum(x.bought_qty for x in xs)
         notional = _exact_sum(x.buy_amount for x in xs)
+        last = max(xs, key=lambda x: (x.last_executed_at, x.last_trade_id))
         instruments.append(InstrumentSummary(
             trade_date, symbol, sum(x.buys for x in xs), volume, notional,
             vwap(notional, volume), min(x.low_price for x in xs),
-            max(x.high_price for x in xs)))
+            max(x.high_price for x in xs), last.last_price))
     return Netted(positions, obligations, instruments)
 
 

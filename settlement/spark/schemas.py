@@ -67,7 +67,7 @@ CASH_OBLIGATIONS_SCHEMA = _typed(CashObligation._fields, {
 INSTRUMENT_SUMMARY_SCHEMA = _typed(InstrumentSummary._fields, {
     "trade_date": DateType(), "symbol": StringType(), "trades": LongType(),
     "volume": LongType(), "notional": AMOUNT, "vwap": VWAP, "low_price": PRICE,
-    "high_price": PRICE,
+    "high_price": PRICE, "close_price": PRICE,
 })
 # Shaped like the ledger's dead_letters (minus topic/site, which the caller knows).
 MALFORMED_SCHEMA = _schema(

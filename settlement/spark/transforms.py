@@ -84,7 +84,8 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     Each trade becomes two legs, the buyer's and the seller's, which are then summed; trades
     of other dates are ignored. ``trade_count`` counts the trades the account took part in on
     either side (buyer == seller is rejected upstream, so one trade is one leg), ``buys``
-    those it bought (a trade has one buyer), ``low_price``/``high_price`` its trades' prices.
+    those it bought (a trade has one buyer), ``low_price``/``high_price`` its trades' prices,
+    ``last_price`` the price of its last trade by (executed_at, trade_id), which it names.
     """
     day = _on_date(trades, trade_date)
     amount = _amount(F.col("price"), F.col("quantity"))
@@ -106,6 +107,8 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     legs = day.select(
         "symbol",
         F.col("price").cast(PRICE).alias("price"),
+        # The order of the day's trades: the last one's price is the symbol's close.
+        F.struct("executed_at", "trade_id").alias("at"),
         F.inline(
             F.array(
                 leg("buyer", qty, no_qty, amount, no_amount, 1),
@@ -122,7 +125,10 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
         F.sum("buys").alias("buys"),
         F.min("price").alias("low_price"),
         F.max("price").alias("high_price"),
-    )
+        F.max("at").alias("last_at"),
+        F.max_by("price", "at").alias("last_price"),
+    ).select("*", F.col("last_at.executed_at").alias("last_executed_at"),
+             F.col("last_at.trade_id").alias("last_trade_id")).drop("last_at")
 
 
 # -- helpers -------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ from run_cash_obligations where run_id = %(run_id)s
 
 -- name: publish_instrument_summary
 insert into instrument_summary
-select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price
+select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price, close_price
 from run_instrument_summary where run_id = %(run_id)s
 
 -- name: mark_published
