@@ -136,6 +136,13 @@ def test_every_header_and_document_passes_its_official_schema_and_what_cannot_go
     assert messages(_set(lines), SECS, PARTS, PARTIES, "USD")[0] == text
 
 
+def test_a_version_that_changed_nothing_is_an_empty_file() -> None:
+    empty = InstructionSet("2026-11-23", "2026-11-24", 3, 3, [], [], "custodian", None)
+    text, held = messages(empty, SECS, PARTS, PARTIES, "USD")
+    assert _messages(text) == [] and held == []
+    assert etree.fromstring(text.encode()).get("version") == "3"
+
+
 def test_a_line_an_agent_would_refuse_refuses_the_whole_file() -> None:
     odd = [_line("R2-000001", "A1", "AAPL", 60, "-900.1234")]  # USD has two decimals
     with pytest.raises(ValueError, match="minor units"):

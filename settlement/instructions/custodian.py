@@ -259,7 +259,8 @@ def messages(day: InstructionSet, securities: Mapping[str, Security],
     a file with one problem is refused (ValueError naming it), never written."""
     from lxml import etree
 
-    assert day.created is not None, "a custodian set has its creation time"
+    # A version that changed nothing has no lines, so no creation time, and no messages.
+    assert day.created is not None or not day.lines, "a custodian set has its creation time"
     root = etree.Element(f"{{{ENVELOPE}}}Msgs", nsmap={None: ENVELOPE}, tradeDate=day.trade_date,
                          settlementDate=day.settlement_date, runId=str(day.run_id),
                          version=str(day.version))
