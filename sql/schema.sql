@@ -396,7 +396,7 @@ CREATE TABLE public.settlement_instructions (
     CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
     CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
     CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
-    CONSTRAINT settlement_instructions_kind_check CHECK ((kind = ANY (ARRAY['instruct'::text, 'cancel'::text]))),
+    CONSTRAINT settlement_instructions_kind_check CHECK ((kind = ANY (ARRAY['instruct'::text, 'cancel'::text, 'delta'::text]))),
     CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
     CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
     CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
@@ -535,6 +535,7 @@ CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btre
 CREATE INDEX late_amendments_held ON public.late_amendments USING btree (trade_date, kafka_partition, kafka_offset) WHERE (amended IS NULL);
 CREATE INDEX reclose_decisions_date ON public.reclose_decisions USING btree (trade_date);
 CREATE INDEX settlement_instructions_date ON public.settlement_instructions USING btree (settlement_date);
+CREATE UNIQUE INDEX settlement_instructions_run_delta ON public.settlement_instructions USING btree (run_id, account, symbol) WHERE (kind = 'delta'::text);
 CREATE UNIQUE INDEX settlement_instructions_run_key ON public.settlement_instructions USING btree (run_id, account, symbol) WHERE (kind = 'instruct'::text);
 CREATE INDEX settlement_instructions_trade_date ON public.settlement_instructions USING btree (trade_date);
 CREATE INDEX settlement_runs_date ON public.settlement_runs USING btree (trade_date, started_at);

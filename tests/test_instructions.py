@@ -502,7 +502,8 @@ def test_the_delta_between_two_versions_is_what_to_add_or_reverse(isolated: Any,
     _publish(isolated, "2026-11-23", v1)
     alone = _settle(["instructions", "--date", "2026-11-23", "--delta"], env, ok=False)
     assert "one version only" in alone["error"]
-    _settle(["instructions", "--date", "2026-11-23"], env)  # version 1 sent
+    sent = {(r["account"], r["symbol"]): r["instruction_id"] for r in _csv(
+        _settle(["instructions", "--date", "2026-11-23"], env)["path"])}  # version 1 sent
     v2 = {("A1", "AAPL"): Net(60, Decimal("-900.0000")),      # 40 of A1's busted
           ("A2", "AAPL"): Net(-60, Decimal("900.0000")),
           ("A3", "IBM"): Net(10, Decimal("-50.0000")),        # unchanged
@@ -510,6 +511,10 @@ def test_the_delta_between_two_versions_is_what_to_add_or_reverse(isolated: Any,
           ("A5", "TSLA"): Net(1, Decimal("-200.0000")),       # a correction moved a trade
           ("A6", "TSLA"): Net(-1, Decimal("200.0000"))}
     _publish(isolated, "2026-11-23", v2)
+    # Version 1 is what the agent holds; until a delta says so, its ids are superseded.
+    v1_answer = _answer(tmp_path, "v1.csv", [(sent[("A3", "IBM")], "failed", "")])
+    refused = _settle(["instructions", "status", "--file", str(v1_answer)], env, ok=False)
+    assert "superseded" in refused["error"] and "--delta" in refused["error"]
     out = _settle(["instructions", "--date", "2026-11-23", "--delta"], env)
     assert out["version"] == 2 and out["delta"] and out["path"].endswith("-delta.csv")
     rows = _csv(out["path"])
@@ -524,13 +529,27 @@ def test_the_delta_between_two_versions_is_what_to_add_or_reverse(isolated: Any,
     iso = _settle(["instructions", "--date", "2026-11-23", "--delta", "--format", "iso20022"],
                   env)
     check_iso20022(Path(iso["path"]).read_text())
+    # The delta is stored: written again, the same ids and lines.
+    assert _csv(_settle(["instructions", "--date", "2026-11-23", "--delta"], env)["path"]) \
+        == rows
+    # What was sent (version 1 and its delta) is answerable, and its fails are carried.
+    delta_id = {(r["account"], r["symbol"]): r["instruction_id"] for r in rows}
+    both = _answer(tmp_path, "both.csv", [(sent[("A3", "IBM")], "failed", ""),
+                                          (delta_id[("A5", "TSLA")], "settled", ""),
+                                          (delta_id[("A6", "TSLA")], "failed", "")])
+    got = _settle(["instructions", "status", "--file", str(both)], env)
+    assert (got["failed"], got["settled"]) == (2, 1)
+    _publish(isolated, "2026-11-24", {})
+    carried = _settle(["instructions", "--date", "2026-11-24"], env)
+    assert sorted(carried["carried_in"]) == sorted([sent[("A3", "IBM")],
+                                                    delta_id[("A6", "TSLA")]])
     # What was sent stays as it was: version 1's lines are still there, unchanged.
     from settlement.db import connect
 
     with connect(isolated.settings.settlement_dsn) as conn:
         assert conn.execute("select count(distinct run_id), count(*) from"
                             " settlement_instructions where trade_date = '2026-11-23'"
-                            ).fetchone() == (2, 10)
+                            " and kind = 'instruct'").fetchone() == (2, 10)
     # Both versions stay readable, the earlier one as it was published.
     with connect(isolated.settings.for_component("auditor").settlement_dsn) as conn:
         by_version = {}

@@ -157,7 +157,9 @@ def delta_set(settings: Settings, trade_date: str) -> InstructionSet:
     """``settle instructions --delta``: the change between the day's last two versions, as
     instructions (nothing already sent is rewritten; this is what to add or reverse). The
     previous version's instructions count as sent only if they were written; a previous
-    version that never had any gives the current instructions whole."""
+    version that never had any gives the current instructions whole. Stored the first time
+    (kind ``delta``, in the current run), then always the same lines: the agent's answers to
+    them, and to the previous version's instructions it still holds, are known."""
     current = instructions(settings, trade_date)
     if current.mode == "custodian":
         raise InstructionsError(f"{trade_date}: a custodian-mode version is already the "
@@ -165,17 +167,23 @@ def delta_set(settings: Settings, trade_date: str) -> InstructionSet:
                                 "replacing them; write it with settle instructions --date "
                                 f"{trade_date}")
     s = settings.for_component("settlement")
-    with connect(s.settlement_dsn) as conn:
+    with connect(s.settlement_dsn) as conn, conn.transaction():
+        conn.execute(q("instructions", "lock"))
         row = conn.execute(q("instructions", "previous_version"),
                            {"trade_date": trade_date, "run_id": current.run_id}).fetchone()
         if row is None:
             raise InstructionsError(f"{trade_date} has one version only (run "
                                     f"{current.run_id}): no delta; its instructions are "
                                     f"`settle instructions --date {trade_date}`")
-        sent = _rows(conn.execute(q("instructions", "run_instructions"),
-                                  {"run_id": int(row[0])}).fetchall())
-    lines = delta(current.run_id, current.version, trade_date, current.settlement_date,
-                  current.lines, sent)
+        lines = _rows(conn.execute(q("instructions", "run_delta"),
+                                   {"run_id": current.run_id}).fetchall())
+        if not lines:
+            sent = _rows(conn.execute(q("instructions", "run_instructions"),
+                                      {"run_id": int(row[0])}).fetchall())
+            lines = [x._replace(kind="delta") for x in delta(
+                current.run_id, current.version, trade_date, current.settlement_date,
+                current.lines, sent)]
+            _insert(conn, current.run_id, lines)
     return InstructionSet(trade_date, current.settlement_date, current.run_id,
                           current.version, lines)
 
@@ -347,7 +355,9 @@ def _refusal(a: Answer, instr: Instruction, current: bool, had: str | None,
     if not current:
         return (f"superseded: {instr.trade_date} was published again after it; answer the "
                 "current instructions (settle instructions --date "
-                f"{instr.trade_date})")
+                f"{instr.trade_date}), or, if what you sent was this version and its delta, "
+                f"write the delta first (settle instructions --date {instr.trade_date} "
+                "--delta): its lines and this version's are then answerable")
     return _quantity_refusal(a, instr)
 
 

@@ -23,6 +23,7 @@ update settlement_runs set instructions_mode = %(mode)s where run_id = %(run_id)
 -- name: run_created
 -- When a run's set was written: its messages' creation time.
 select min(created_at) from settlement_instructions where run_id = %(run_id)s
+  and kind <> 'delta'
 
 -- name: previous_version
 -- The publication of the date before the current one (the version the delta is against).
@@ -35,7 +36,14 @@ limit 1
 -- name: run_instructions
 select instruction_id, trade_date::text, settlement_date::text, account, symbol, side,
        quantity, payment, amount, version, carried_from, kind, links
-from settlement_instructions where run_id = %(run_id)s
+from settlement_instructions where run_id = %(run_id)s and kind <> 'delta'
+order by instruction_id
+
+-- name: run_delta
+-- The delta stored for a run (`settle instructions --delta`), if one was written.
+select instruction_id, trade_date::text, settlement_date::text, account, symbol, side,
+       quantity, payment, amount, version, carried_from, kind, links
+from settlement_instructions where run_id = %(run_id)s and kind = 'delta'
 order by instruction_id
 
 -- name: run_nets
@@ -49,7 +57,7 @@ select s.instruction_id, i.account, i.symbol, s.open_quantity, s.open_amount
 from instruction_statuses s join settlement_instructions i using (instruction_id)
 join settlement_runs r on r.run_id = i.run_id
 where (s.open_quantity <> 0 or s.open_amount <> 0)
-  and r.instructions_mode is distinct from 'custodian' and i.kind = 'instruct'
+  and r.instructions_mode is distinct from 'custodian' and i.kind in ('instruct', 'delta')
   and i.settlement_date < %(settlement_date)s
   and (s.carried_into_run is null
        or s.carried_into_run in (select run_id from settlement_runs
@@ -73,7 +81,12 @@ where instruction_id = any(%(ids)s)
 -- already recorded, the mode it was written in and the cancellation sent for it, if any.
 select i.instruction_id, i.trade_date::text, i.settlement_date::text, i.account, i.symbol,
        i.side, i.quantity, i.payment, i.amount, i.version, i.carried_from, i.kind, i.links,
-       p.run_id is not distinct from i.run_id, s.status, s.settled_quantity,
+       p.run_id is not distinct from i.run_id
+       -- or a delta from it was written: the agent holds it (ccp)
+       or exists (select 1 from settlement_instructions d
+                  where d.kind = 'delta' and d.trade_date = i.trade_date
+                    and d.run_id > i.run_id),
+       s.status, s.settled_quantity,
        r.instructions_mode,
        (select min(c.instruction_id) from settlement_instructions c
         where c.kind = 'cancel' and c.links = i.instruction_id)
