@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -64,3 +65,65 @@ def test_trade_value_is_the_contract_json() -> None:
     assert set(obj) == {"trade_id", "trade_date", "seq", "symbol", "price", "quantity",
                         "buyer", "seller", "executed_at"}
     assert isinstance(obj["price"], str) and Decimal(obj["price"]) > 0
+
+
+class _Txn:
+    """Records the transactional calls made on it; its commit fails as told (the Kafka
+    behaviour itself is the drills' and the ingest tests'; this is the retry policy)."""
+
+    def __init__(self, failures: list[Any]) -> None:
+        self.failures = failures
+        self.calls: list[str] = []
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.calls.append("commit")
+        if self.failures:
+            raise self.failures.pop(0)
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self.calls.append("abort")
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+def _kafka_error(**kind: bool) -> Exception:
+    from confluent_kafka import KafkaError, KafkaException
+
+    return KafkaException(KafkaError(KafkaError._TIMED_OUT, "lost", **kind))
+
+
+def test_a_transaction_the_cluster_lost_is_aborted_and_sent_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from settlement.simulator import gateway
+
+    monkeypatch.setattr(gateway.time, "sleep", lambda _s: None)
+    tx = _Txn([_kafka_error(txn_requires_abort=True)])
+    errors = ["from before"]
+    sent: list[int] = []
+
+    def fill() -> None:
+        sent.append(len(sent))
+        errors.append("a message of the lost attempt timed out")
+
+    gateway._transaction(tx, fill, errors)
+    assert tx.calls == ["begin", "commit", "abort", "begin", "commit"]
+    assert sent == [0, 1]
+    # The lost attempt's delivery errors are void (its messages were aborted); the kept
+    # attempt's stand.
+    assert errors == ["from before", "a message of the lost attempt timed out"]
+    # A commit that timed out is committed again, not sent again.
+    tx = _Txn([_kafka_error(retriable=True)])
+    gateway._transaction(tx, lambda: None, [])
+    assert tx.calls == ["begin", "commit", "commit"]
+    # A fatal error, or the last attempt's, is raised.
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException):
+        gateway._transaction(_Txn([_kafka_error(fatal=True)]), lambda: None, [])
+    lost = [_kafka_error(txn_requires_abort=True) for _ in range(gateway.TXN_ATTEMPTS)]
+    with pytest.raises(KafkaException):
+        gateway._transaction(_Txn(lost), lambda: None, [])

@@ -13,9 +13,10 @@ import datetime as dt
 import itertools
 import json
 import random
+import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -435,6 +436,59 @@ def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partiti
             producer.poll(0.05)  # local queue full: let deliveries drain
 
 
+# A transaction the cluster lost mid-way (its coordinator or a partition leader cut off,
+# messages timed out) is aborted and sent again, as a gateway retrying would; this many
+# attempts, a few seconds apart, outlast a coordinator's move to a surviving broker.
+TXN_ATTEMPTS = 8
+
+
+def _transaction(tx: Any, fill: Callable[[], None], errors: list[str],
+                 commit: bool = True) -> None:
+    """``fill``'s messages in one transaction, committed (or, ``commit`` False, delivered and
+    then aborted: never-committed trades). An abortable error aborts the attempt, forgets its
+    delivery errors (an aborted transaction's messages are void) and sends it all again; a
+    retriable one retries the commit or abort itself; a fatal one, or the last attempt's,
+    is raised."""
+    from confluent_kafka import KafkaException
+
+    for attempt in range(1, TXN_ATTEMPTS + 1):
+        mark = len(errors)
+        try:
+            tx.begin_transaction()
+            fill()
+            if commit:
+                _retrying(lambda: tx.commit_transaction(60))
+            else:
+                # Delivered first: the aborted trades are then really in the log, and only
+                # the abort marker keeps them from read_committed consumers.
+                tx.flush(60)
+                _retrying(lambda: tx.abort_transaction(60))
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            if attempt == TXN_ATTEMPTS or not (err.txn_requires_abort() or err.retriable()):
+                raise
+            print(f"gateway: transaction attempt {attempt} lost ({err.str()}); sending it "
+                  "again", file=sys.stderr, flush=True)
+            del errors[mark:]
+            _retrying(lambda: tx.abort_transaction(60))
+            time.sleep(min(2 * attempt, 10))
+
+
+def _retrying(call: Callable[[], None], attempts: int = 5) -> None:
+    """A transactional call retried while its error is retriable (a request timed out)."""
+    from confluent_kafka import KafkaException
+
+    for attempt in range(1, attempts + 1):
+        try:
+            call()
+            return
+        except KafkaException as e:
+            if attempt == attempts or not e.args[0].retriable():
+                raise
+            time.sleep(1)
+
+
 def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
              transactional_id: str | None = None) -> dict[str, Any]:
     from confluent_kafka import KafkaError, Producer
@@ -467,25 +521,26 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
         for trade in gen.events():
             chunk.append(trade)
             if len(chunk) >= spec.txn_size:
-                _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed)
+                _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed, errors)
                 if bar:
                     bar[0].update(bar[1], advance=len(chunk))
                 chunk = []
                 _pace(spec, t0, stats["trades"])
         if chunk:
-            _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed)
+            _send_chunk(tx, replay, topic, chunk, spec, rng, stats, malformed, errors)
             if bar:
                 bar[0].update(bar[1], advance=len(chunk))
         if replay is not None:
             # Replays must be in the log before the close markers, like any trade of the day.
             if replay.flush(60) != 0:
                 raise RuntimeError("upstream replay producer could not deliver within 60s")
-        tx.begin_transaction()
-        for p in range(n_parts):
-            marker = {"trade_date": spec.trade_date, "partition": p,
-                      "last_seq": gen.last_seq.get(p, 0)}
-            _produce(tx, topic, json.dumps(marker).encode(), None, p, CLOSE_HEADERS)
-        tx.commit_transaction(60)
+        def markers() -> None:
+            for p in range(n_parts):
+                marker = {"trade_date": spec.trade_date, "partition": p,
+                          "last_seq": gen.last_seq.get(p, 0)}
+                _produce(tx, topic, json.dumps(marker).encode(), None, p, CLOSE_HEADERS)
+
+        _transaction(tx, markers, errors)
     finally:
         if bar:
             bar[0].stop()
@@ -513,37 +568,51 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
 
 def _send_chunk(tx: Any, replay: Any, topic: str, chunk: list[Trade | Amend],
                 spec: SimulationSpec, rng: random.Random, stats: Counter[str],
-                malformed: Counter[str]) -> None:
+                malformed: Counter[str], errors: list[str]) -> None:
     if spec.abort_rate and rng.random() < spec.abort_rate:
         # Never-committed trades: read_committed consumers must not see them. The same trades
-        # are then re-sent in a committed transaction, as a gateway retrying would.
-        tx.begin_transaction()
-        for t in chunk:
-            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, _headers(t))
-        # Deliver first: the aborted trades are then really in the log, and only the abort
-        # marker keeps them from read_committed consumers (also, purging in-flight messages
-        # of an idempotent producer can leave sequence gaps the broker rejects).
-        tx.flush(60)
-        tx.abort_transaction(60)
+        # are then re-sent in a committed transaction, as a gateway retrying would. (Purging
+        # in-flight messages of an idempotent producer can leave sequence gaps the broker
+        # rejects: _transaction delivers them before the abort.)
+        def doomed() -> None:
+            for t in chunk:
+                _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, _headers(t))
+
+        _transaction(tx, doomed, errors, commit=False)
         stats["aborted_trades"] += len(chunk)
         stats["aborted_transactions"] += 1
-    tx.begin_transaction()
+    # Drawn once, before the first attempt (a transaction sent again is the same messages),
+    # in the order the seed has always drawn them: the same seed, the same day.
+    bad: list[str | None] = []
+    bad_values: list[bytes | None] = []
     for t in chunk:
-        if isinstance(t, Amend):
-            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, t.headers)
-            stats["cancels" if t.kind == CANCEL else "corrections"] += 1
-            continue
-        if spec.bad_rate and rng.random() < spec.bad_rate:
+        kind = None
+        if not isinstance(t, Amend) and spec.bad_rate and rng.random() < spec.bad_rate:
             kind = rng.choice(MALFORMED_KINDS)
-            _produce(tx, topic, malformed_message(kind, t, rng), t.symbol.encode(), t.partition,
-                     TRADE_HEADERS)
-            malformed[kind] += 1
-        if spec.hostile_names and t.trade_id.endswith(HOSTILE_TRADE_ID_SUFFIX):
-            _produce(tx, topic, control_message(t), t.symbol.encode(), t.partition,
-                     TRADE_HEADERS)
-            malformed["hostile_control_char"] += 1
-        _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
-    tx.commit_transaction(60)
+        bad.append(kind)
+        bad_values.append(None if kind is None else malformed_message(kind, t, rng))
+
+    def fill() -> None:
+        for t, bad_value in zip(chunk, bad_values, strict=True):
+            if isinstance(t, Amend):
+                _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, t.headers)
+                continue
+            if bad_value is not None:
+                _produce(tx, topic, bad_value, t.symbol.encode(), t.partition, TRADE_HEADERS)
+            if spec.hostile_names and t.trade_id.endswith(HOSTILE_TRADE_ID_SUFFIX):
+                _produce(tx, topic, control_message(t), t.symbol.encode(), t.partition,
+                         TRADE_HEADERS)
+            _produce(tx, topic, t.value(), t.symbol.encode(), t.partition, TRADE_HEADERS)
+
+    _transaction(tx, fill, errors)
+    for t, kind in zip(chunk, bad, strict=True):
+        if isinstance(t, Amend):
+            stats["cancels" if t.kind == CANCEL else "corrections"] += 1
+        else:
+            if kind is not None:
+                malformed[kind] += 1
+            if spec.hostile_names and t.trade_id.endswith(HOSTILE_TRADE_ID_SUFFIX):
+                malformed["hostile_control_char"] += 1
     stats["transactions"] += 1
     stats["trades"] += sum(1 for t in chunk if not isinstance(t, Amend))
     if replay is not None:
