@@ -52,8 +52,11 @@ def write_rendered(settings: Settings, day: InstructionSet, fmt: str, path: Path
     it (``-held.csv``, only when some are). Returns the held lines."""
     text, held = render_set(settings, day, fmt)
     write_private(path, text)
+    held_path = path.with_name(path.stem + "-held.csv")
     if held:
-        write_private(path.with_name(path.stem + "-held.csv"), held_csv(held))
+        write_private(held_path, held_csv(held))
+    else:  # written again after the reference data was completed: nothing is held now
+        held_path.unlink(missing_ok=True)
     return held
 
 

@@ -92,18 +92,15 @@ class SettlementCalendar:
         if not FIRST_YEAR <= trade_date.year < LAST_YEAR:
             raise CalendarError(f"{trade_date} is outside the settlement calendar "
                                 f"({FIRST_YEAR}-{LAST_YEAR - 1})")
-        day, left, year = trade_date, self.cycle_days, trade_date.year
-        if left == 0:
-            while not self.settlement_day(day, year):
-                day += dt.timedelta(days=1)
-            return day
-        while left:
+        if self.cycle_days:
+            return self.add_days(trade_date, self.cycle_days)
+        day = trade_date
+        while not self.settlement_day(day, trade_date.year):
             day += dt.timedelta(days=1)
-            left -= self.settlement_day(day, year)
         return day
 
     def add_days(self, start: dt.date, n: int) -> dt.date:
-        """The n-th settlement day after ``start`` (a fail's close-out date)."""
+        """The n-th settlement day after ``start`` (T+N; a fail's close-out date)."""
         day, left = start, n
         while left:
             day += dt.timedelta(days=1)

@@ -104,9 +104,8 @@ def amount_text(amount: Decimal, currency: str) -> str:
 
 
 def sese023(instr: Instruction, security: Security, participant: Participant,
-            parties: Parties, currency: str | None = None) -> Any:
-    """The instruction's sese.023 ``Document`` (an lxml element); its amount in ``currency``
-    (default: the security's)."""
+            parties: Parties) -> Any:
+    """The instruction's sese.023 ``Document`` (an lxml element)."""
     from lxml import etree
 
     doc = etree.Element(f"{{{SESE023}}}Document", nsmap={None: SESE023})
@@ -135,8 +134,8 @@ def sese023(instr: Instruction, security: Security, participant: Participant,
     _party(tx, "RcvgSttlmPties", *receiving)
     if instr.payment != "NONE":
         money = _el(tx, SESE023, "SttlmAmt")
-        ccy = currency or security.currency
-        _el(money, SESE023, "Amt", amount_text(instr.amount, ccy), Ccy=ccy)
+        _el(money, SESE023, "Amt", amount_text(instr.amount, security.currency),
+            Ccy=security.currency)
         # The account's view: it pays (DBIT) or is paid (CRDT).
         _el(money, SESE023, "CdtDbtInd", "DBIT" if instr.payment == "PAY" else "CRDT")
     return doc

@@ -93,6 +93,7 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
             sdate = settlement_date(settings, trade_date)
         except CalendarError as e:
             raise InstructionsError(f"{trade_date}: no settlement date: {e}") from None
+    nets = None
     if mode is None:  # written now, in this deployment's mode
         mode = settings.instructions_mode
         params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": str(sdate)}
@@ -102,18 +103,21 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
         else:
             _write(conn, params, version, nets)
         conn.execute(q("instructions", "set_mode"), {"run_id": run_id, "mode": mode})
-    return _stored(conn, settings, trade_date, str(sdate), run_id, version, mode)
+    return _stored(conn, settings, trade_date, str(sdate), run_id, version, mode, nets)
 
 
 def _stored(conn: psycopg.Connection, settings: Settings, trade_date: str, sdate: str,
-            run_id: int, version: int, mode: str) -> InstructionSet:
+            run_id: int, version: int, mode: str,
+            nets: dict[tuple[str, str], Net] | None = None) -> InstructionSet:
+    """The set as stored (``nets``: the run's, when the caller has read them already)."""
     have = _rows(conn.execute(q("instructions", "run_instructions"),
                               {"run_id": run_id}).fetchall())
     carried = sorted({i for line in have for i in line.carried_from.split(";") if i})
     if mode != "custodian":
         return InstructionSet(trade_date, sdate, run_id, version, have, carried)
     row = conn.execute(q("instructions", "run_created"), {"run_id": run_id}).fetchone()
-    _, residual = in_minor_units(_nets(conn, run_id), minor_units(settings.settlement_currency))
+    _, residual = in_minor_units(_nets(conn, run_id) if nets is None else nets,
+                                 minor_units(settings.settlement_currency))
     return InstructionSet(trade_date, sdate, run_id, version, have, carried, mode, row[0],
                           residual)
 

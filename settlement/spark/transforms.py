@@ -107,8 +107,9 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     legs = day.select(
         "symbol",
         F.col("price").cast(PRICE).alias("price"),
-        # The order of the day's trades: the last one's price is the symbol's close.
-        F.struct("executed_at", "trade_id").alias("at"),
+        # Ordered by (executed_at, trade_id): the last one's price is the symbol's close.
+        F.struct("executed_at", "trade_id", F.col("price").cast(PRICE).alias("price")
+                 ).alias("at"),
         F.inline(
             F.array(
                 leg("buyer", qty, no_qty, amount, no_amount, 1),
@@ -126,8 +127,8 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
         F.min("price").alias("low_price"),
         F.max("price").alias("high_price"),
         F.max("at").alias("last_at"),
-        F.max_by("price", "at").alias("last_price"),
-    ).select("*", F.col("last_at.executed_at").alias("last_executed_at"),
+    ).select("*", F.col("last_at.price").alias("last_price"),
+             F.col("last_at.executed_at").alias("last_executed_at"),
              F.col("last_at.trade_id").alias("last_trade_id")).drop("last_at")
 
 
