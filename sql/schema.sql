@@ -191,6 +191,21 @@ ALTER TABLE public.instruction_answers ALTER COLUMN answer_id ADD GENERATED ALWA
     NO MAXVALUE
     CACHE 1
 );
+CREATE TABLE public.instruction_marks (
+    run_id bigint NOT NULL,
+    instruction_id text NOT NULL,
+    account text NOT NULL,
+    symbol text NOT NULL,
+    quantity bigint NOT NULL,
+    carried_amount numeric(28,4) NOT NULL,
+    close_price numeric(18,4),
+    price_date date,
+    marked_amount numeric(28,4) NOT NULL,
+    mark numeric(28,4) NOT NULL,
+    first_settlement_date date NOT NULL,
+    age_days integer NOT NULL,
+    CONSTRAINT instruction_marks_age_days_check CHECK ((age_days >= 0))
+);
 CREATE TABLE public.instruction_statuses (
     instruction_id text NOT NULL,
     status text NOT NULL,
@@ -396,7 +411,7 @@ CREATE TABLE public.settlement_instructions (
     CONSTRAINT settlement_instructions_check CHECK (((side = 'NONE'::text) = (quantity = 0))),
     CONSTRAINT settlement_instructions_check1 CHECK (((payment = 'NONE'::text) = (amount = (0)::numeric))),
     CONSTRAINT settlement_instructions_check2 CHECK (((side <> 'NONE'::text) OR (payment <> 'NONE'::text))),
-    CONSTRAINT settlement_instructions_kind_check CHECK ((kind = ANY (ARRAY['instruct'::text, 'cancel'::text, 'delta'::text]))),
+    CONSTRAINT settlement_instructions_kind_check CHECK ((kind = ANY (ARRAY['instruct'::text, 'cancel'::text, 'delta'::text, 'carry'::text]))),
     CONSTRAINT settlement_instructions_payment_check CHECK ((payment = ANY (ARRAY['PAY'::text, 'RECV'::text, 'NONE'::text]))),
     CONSTRAINT settlement_instructions_quantity_check CHECK ((quantity >= 0)),
     CONSTRAINT settlement_instructions_side_check CHECK ((side = ANY (ARRAY['DELI'::text, 'RECE'::text, 'NONE'::text]))),
@@ -495,6 +510,8 @@ ALTER TABLE ONLY public.ingest_batches
     ADD CONSTRAINT ingest_batches_pkey PRIMARY KEY (id);
 ALTER TABLE ONLY public.instruction_answers
     ADD CONSTRAINT instruction_answers_pkey PRIMARY KEY (answer_id);
+ALTER TABLE ONLY public.instruction_marks
+    ADD CONSTRAINT instruction_marks_pkey PRIMARY KEY (run_id, instruction_id);
 ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_pkey PRIMARY KEY (instruction_id);
 ALTER TABLE ONLY public.instrument_summary
@@ -531,6 +548,7 @@ CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingeste
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
 CREATE INDEX instruction_answers_instruction ON public.instruction_answers USING btree (instruction_id);
+CREATE INDEX instruction_marks_instruction ON public.instruction_marks USING btree (instruction_id);
 CREATE INDEX instruction_statuses_open ON public.instruction_statuses USING btree (instruction_id) WHERE ((carried_into_run IS NULL) AND ((open_quantity <> 0) OR (open_amount <> (0)::numeric)));
 CREATE INDEX late_amendments_held ON public.late_amendments USING btree (trade_date, kafka_partition, kafka_offset) WHERE (amended IS NULL);
 CREATE INDEX reclose_decisions_date ON public.reclose_decisions USING btree (trade_date);
@@ -552,6 +570,10 @@ ALTER TABLE ONLY public.close_leases
     ADD CONSTRAINT close_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.instruction_answers
     ADD CONSTRAINT instruction_answers_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
+ALTER TABLE ONLY public.instruction_marks
+    ADD CONSTRAINT instruction_marks_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
+ALTER TABLE ONLY public.instruction_marks
+    ADD CONSTRAINT instruction_marks_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.instruction_statuses
     ADD CONSTRAINT instruction_statuses_carried_into_run_fkey FOREIGN KEY (carried_into_run) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.instruction_statuses

@@ -109,7 +109,7 @@ def test_fails_carried_in_sum_with_the_days_net() -> None:
 
 
 def test_the_member_summary_sums_each_members_accounts_and_ages_its_fails() -> None:
-    from settlement.instructions.summary import CarriedIn, summarize
+    from settlement.instructions.summary import CLEARING_HOUSE, CarriedIn, money_lines, summarize
 
     def line(n: int, account: str, side: str, qty: int, pay: str, amount: str) -> Instruction:
         return Instruction(f"R9-{n:06d}", "2026-11-27", "2026-11-30", account, "AAPL", side,
@@ -118,17 +118,51 @@ def test_the_member_summary_sums_each_members_accounts_and_ages_its_fails() -> N
     lines = [line(1, "A1", "RECE", 10, "PAY", "100.0000"),
              line(2, "A2", "DELI", 4, "RECV", "40.5000"),
              line(3, "A3", "NONE", 0, "RECV", "0.0001")]
-    carried = [CarriedIn("R1-000001", "A2", dt.date(2026, 11, 20)),
-               CarriedIn("R2-000001", "A1", dt.date(2026, 11, 25))]
-    a3, p1 = summarize(lines, {"A1": "P1", "A2": "P1"}, carried)  # in member order
+    carried = [CarriedIn("R1-000001", "A2", dt.date(2026, 11, 20), 5),
+               CarriedIn("R2-000001", "A1", dt.date(2026, 11, 25), 2)]
+    marks = {"A1": Decimal("-3.2500"), "A3": Decimal("0.0040")}
+    a3, p1 = summarize(lines, {"A1": "P1", "A2": "P1"}, carried, marks)  # in member order
     assert (p1.member, p1.mapped, sorted(p1.accounts), p1.instructions) == (
         "P1", True, ["A1", "A2"], 2)
     assert (p1.securities_in, p1.securities_out, p1.money_in, p1.money_out, p1.net_money) == (
         10, 4, Decimal("40.5000"), Decimal("100.0000"), Decimal("-59.5000"))
-    assert (p1.fails_carried_in, p1.oldest_fail, p1.age_days(dt.date(2026, 11, 30))) == (
-        2, dt.date(2026, 11, 20), 10)
-    assert (a3.member, a3.mapped, a3.money_in, a3.age_days(dt.date(2026, 11, 30))) == (
+    assert (p1.fails_carried_in, p1.oldest_fail, p1.oldest_age_days) == (
+        2, dt.date(2026, 11, 20), 5)
+    assert (a3.member, a3.mapped, a3.money_in, a3.oldest_age_days) == (
         "A3", False, Decimal("0.0001"), None)
+    # One money figure per member in cents, and the clearing house's closing the date:
+    # P1 -59.50 - 3.25 = -62.75; A3 0.0001 + 0.0040 = 0.0041 -> 0.00; the clearing house
+    # takes the other side of the exact total, 62.7459 -> 62.75; the cents left over are
+    # the rounding residual.
+    out, residual = money_lines([a3, p1], 2, ccp=True)
+    assert [(x.member, x.money_line) for x in out] == [
+        ("A3", Decimal("0.00")), ("P1", Decimal("-62.75")),
+        (CLEARING_HOUSE, Decimal("62.75"))]
+    assert residual == Decimal("0.00")
+    assert out[-1].as_dict()["mapped"] == "" and out[0].as_dict()["marks"] == "0.0040"
+    # Custodian mode has no clearing house line; the residual is against the exact sum.
+    again = summarize(lines, {}, [])
+    _, residual = money_lines(again, 2, ccp=False)
+    assert residual == Decimal("-59.50") - Decimal("-59.4999")  # rounded less exact
+
+
+def test_an_open_position_is_carried_at_market_and_its_mark_keeps_the_contract() -> None:
+    """A fail marked to a close: the line goes at quantity x close (the receiver pays), the
+    mark is the difference from the value it was carried with, and line plus mark pay what
+    the contract did; a cash-only fail or one with no known close keeps its value."""
+    from settlement.instructions.model import marked
+
+    buy = CarriedFail("R1-000001", "A1", "AAPL", 100, Decimal("-1500.0000"))  # bought at 15
+    at_market, mark = marked(buy, Decimal("16.2500"))
+    assert (at_market.quantity, at_market.amount, mark) == (
+        100, Decimal("-1625.0000"), Decimal("125.0000"))  # pays 1625 DVP, 125 back as a mark
+    assert at_market.amount + mark == buy.amount
+    sell = CarriedFail("R1-000002", "A2", "AAPL", -100, Decimal("1500.0000"))
+    at_market, mark = marked(sell, Decimal("16.2500"))
+    assert (at_market.amount, mark) == (Decimal("1625.0000"), Decimal("-125.0000"))
+    cash = CarriedFail("R1-000003", "A4", "IBM", 0, Decimal("5.0000"))
+    assert marked(cash, Decimal("99")) == (cash, Decimal(0))
+    assert marked(buy, None) == (buy, Decimal(0))
 
 
 def test_a_partial_carries_the_exact_remainder() -> None:
@@ -228,9 +262,11 @@ def test_the_schema_check_refuses_what_sese023_does_not_allow() -> None:
 # -- on the real PostgreSQL -------------------------------------------------------------------
 
 
-def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net]) -> int:
-    """A published run holding ``nets`` as its positions (the netting itself is tested
-    elsewhere: here the day's published positions are the input)."""
+def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net],
+             closes: dict[str, Decimal] | None = None) -> int:
+    """A published run holding ``nets`` as its positions and ``closes`` as its instruments'
+    closing prices (the netting itself is tested elsewhere: here the day's published
+    positions are the input)."""
     from settlement.close.pipeline import finish_run, publish, start_run
     from settlement.db import connect
     from settlement.eod.model import SourceChoice
@@ -244,6 +280,11 @@ def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net]) -
             conn.execute("insert into run_positions values (%s, %s, %s, %s, %s, %s, %s, %s,"
                          " %s, %s, 1)", (run, trade_date, account, symbol, bought, sold,
                                          net.quantity, buy, sell, net.amount))
+        for symbol, close in (closes or {}).items():
+            conn.execute("insert into run_instrument_summary (run_id, trade_date, symbol,"
+                         " trades, volume, notional, vwap, low_price, high_price, close_price)"
+                         " values (%s, %s, %s, 1, 1, %s, %s, %s, %s, %s)",
+                         (run, trade_date, symbol, close, close, close, close, close))
         conn.commit()
     publish(s, run, trade_date, None)
     finish_run(s, run, "succeeded", {})
@@ -353,19 +394,21 @@ def test_a_published_day_yields_its_instructions_and_fails_are_carried_forward(
         if r["payment"] != "NONE":
             m["paid" if r["payment"] == "RECV" else "pays"] += Decimal(r["amount"])
     got = {m["member"]: m for m in summ["members"]}
-    assert set(got) == set(want) == {"P1", "P2", "A4", "A7"}
+    assert set(got) == set(want) | {"clearing house"} == {"P1", "P2", "A4", "A7",
+                                                           "clearing house"}
     for member, m in want.items():
-        g = got[member]
+        g = got[member]  # no closes published here: the fails keep their value, marks 0
+        assert Decimal(g["marks"]) == 0 and Decimal(g["money_line"]) == Decimal(g["net_money"])
         assert (int(g["instructions"]), int(g["securities_in"]), int(g["securities_out"]),
                 Decimal(g["money_in"]), Decimal(g["money_out"])) == (
             m["n"], m["in"], m["out"], m["paid"], m["pays"]), member
         assert Decimal(g["net_money"]) == m["paid"] - m["pays"]
     assert (got["P1"]["mapped"], got["A4"]["mapped"]) == ("yes", "no")
     # Fails carried in: three of P1's (A1 AAPL, A2 AAPL, A1 MSFT) and A4's cash-only one, all
-    # first due Friday 2026-11-27, three days before Monday's settlement date.
+    # first due Friday 2026-11-27, one settlement day before Monday's settlement date.
     assert [(got[m]["fails_carried_in"], got[m]["oldest_fail_settlement_date"],
              got[m]["oldest_fail_age_days"]) for m in ("P1", "A4", "P2")] == [
-        ("3", "2026-11-27", "3"), ("1", "2026-11-27", "3"), ("0", "", "")]
+        ("3", "2026-11-27", "1"), ("1", "2026-11-27", "1"), ("0", "", "")]
     assert _csv(summ["path"])[0]["member"] == "A4"  # the file: one line per member, sorted
     # The report page in the UI shows the same summary, from the database.
     from settlement.orchestration.reports_app import _members

@@ -56,6 +56,7 @@ def _facts() -> dict[str, Any]:
             "members": [{"member": "P1", "mapped": "yes", "accounts": "2", "instructions": "2",
                          "securities_in": "10", "securities_out": "4", "money_in": "40.5000",
                          "money_out": "100.0000", "net_money": "-59.5000",
+                         "marks": "-3.2500", "money_line": "-62.75",
                          "fails_carried_in": "1", "oldest_fail_settlement_date": "2026-02-27",
                          "oldest_fail_age_days": "4"}]},
     }
@@ -75,8 +76,10 @@ def _poison(v: Any) -> Any:
 def test_the_sample_facts_render_as_a_report() -> None:
     page = render_html(_facts())
     assert "VALIDATION PASSED" in page and "1,200" in page
-    # The per-member summary (issue 59): one member, its money as money.
+    # The per-member summary (issue 59): one member, its money as money, its marks and its
+    # one money figure.
     assert 'data-members="1"' in page and "<td class=\"n\">-59.50</td>" in page
+    assert "<td class=\"n\">-3.25</td>" in page and "<td class=\"n\">-62.75</td>" in page
     assert 'href="https://docs.example/index.html"' in page
     assert f'content="{CSP.replace(chr(39), "&#x27;")}"' in page
 

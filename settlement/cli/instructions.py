@@ -83,24 +83,22 @@ def _write(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
 
 def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
-    import datetime as dt
-
     from rich.table import Table
 
     from settlement.cli.common import console
     from settlement.instructions import summary, write_summary
 
-    path, members = write_summary(s, day, out)
-    sdate = dt.date.fromisoformat(day.settlement_date)
+    path, members, residual = write_summary(s, day, out)
     table = Table(title=f"settlement date {day.settlement_date}: per member "
                         f"(trade date {day.trade_date}, run {day.run_id})")
     for col in summary.COLUMNS:
         table.add_column(col, justify="left" if col in ("member", "mapped") else "right")
     for line in members:
-        table.add_row(*line.row(sdate))
+        table.add_row(*line.row())
     console().print(table)
     return {**day.as_dict(), "path": str(path),
-            "members": [line.as_dict(sdate) for line in members]}
+            "members": [line.as_dict() for line in members],
+            "money_rounding_residual": str(residual)}
 
 
 def _pending(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
@@ -130,6 +128,13 @@ def _status(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     from settlement.instructions.store import apply_answers
 
     out = apply_answers(s, args.file)
+    if out["carried_late"]:
+        from settlement.instructions import write_files
+
+        # The sets these fails went into were written before: their files again, with the
+        # added lines, for the agent (the lines sent before are unchanged).
+        for late in out["carried_late"]:
+            late["paths"] = write_files(s, late["trade_date"])["paths"]
     for over in out["over_threshold"]:
         _alert(s, over, out["fails_alert_share"])
     return out

@@ -9,7 +9,7 @@ once per published run, answers applied all or nothing), ``files`` (CSV and ISO 
 
 from __future__ import annotations
 
-import datetime as dt
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from settlement.config import Settings
 from settlement.instructions import summary
 from settlement.instructions.custodian import Held, Parties, held_csv, messages
 from settlement.instructions.files import FORMATS, default_path, render
+from settlement.instructions.model import minor_units
 from settlement.instructions.refdata import lookup
 from settlement.instructions.store import InstructionSet, instructions
 from settlement.services.procs import write_private
@@ -70,21 +71,33 @@ def write_set_files(settings: Settings, day: InstructionSet,
     held: list[Held] = []
     for fmt, path in out["paths"].items():
         held += write_rendered(settings, day, fmt, Path(path))
-    out = {**out, "summary_path": str(write_summary(settings, day)[0])}
+    path, _, residual = write_summary(settings, day)
+    out = {**out, "summary_path": str(path), "money_rounding_residual": str(residual)}
     if day.mode == "custodian":
         out["held"] = [h.__dict__ for h in held]
     return out
 
 
 def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None
-                  ) -> tuple[Path, list[summary.MemberLine]]:
+                  ) -> tuple[Path, list[summary.MemberLine], Decimal]:
     """The set's per-member summary as CSV (settlement.instructions.summary), for the owner
-    only, as the instructions; returns the file and the lines written."""
-    members = summary.for_set(settings.for_component("settlement").settlement_dsn,
-                              [x for x in day.lines if x.kind == "instruct"], day.carried_in)
+    only, as the instructions; returns the file, the lines written and the money lines'
+    rounding residual."""
+    members, residual = member_summary(settings, day)
     path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
-    write_private(path, summary.to_csv(members, dt.date.fromisoformat(day.settlement_date)))
-    return path, members
+    write_private(path, summary.to_csv(members))
+    return path, members, residual
+
+
+def member_summary(settings: Settings, day: InstructionSet, dsn: str | None = None
+                   ) -> tuple[list[summary.MemberLine], Decimal]:
+    """The set's per-member lines and money lines (read at ``dsn``, default the settlement
+    login's), and their rounding residual."""
+    from settlement.instructions.calendar import SettlementCalendar
+
+    return summary.for_set(dsn or settings.for_component("settlement").settlement_dsn, day,
+                           SettlementCalendar.from_settings(settings),
+                           minor_units(settings.settlement_currency))
 
 
 def write_files(settings: Settings, trade_date: str,

@@ -76,6 +76,18 @@ class CarriedFail(NamedTuple):
     amount: Decimal  # signed
 
 
+def marked(fail: CarriedFail, price: Decimal | None) -> tuple[CarriedFail, Decimal]:
+    """ccp mode: an open position carried in at market, and its mark. The position is its
+    quantity at ``price`` (delivery versus payment: the receiver pays); the mark is what its
+    value moved from the value it was carried with, paid in the member's money line whether
+    or not the delivery settles, so that line and mark together still pay the contract. A
+    cash-only fail, or one with no known price, keeps its value (mark 0)."""
+    if price is None or fail.quantity == 0:
+        return fail, Decimal(0)
+    value = (-fail.quantity * price).quantize(AMOUNT_SCALE)
+    return fail._replace(amount=value), fail.amount - value
+
+
 def line_for(net: Net) -> tuple[str, int, str, Decimal]:
     """(side, quantity, payment, amount) of a signed net."""
     side = "RECE" if net.quantity > 0 else "DELI" if net.quantity < 0 else "NONE"
@@ -90,19 +102,20 @@ def instruction_id(run_id: int, n: int) -> str:
 
 
 def build(run_id: int, version: int, trade_date: str, settlement_date: str,
-          nets: Mapping[tuple[str, str], Net], carried: Iterable[CarriedFail]
-          ) -> list[Instruction]:
+          nets: Mapping[tuple[str, str], Net], carried: Iterable[CarriedFail],
+          ids: Callable[[int], str] | None = None) -> list[Instruction]:
     """The instructions of a published run: one per account and instrument whose net (the
     day's plus the fails carried in) is not zero in quantity or in cash. A fail that today's
     opposite net cancels out is carried all the same (it leaves the open fails) but makes no
-    line: there is nothing left to deliver or pay."""
+    line: there is nothing left to deliver or pay. ``ids`` numbers the lines (default
+    ``instruction_id``)."""
     total: dict[tuple[str, str], Net] = dict(nets)
     sources: dict[tuple[str, str], list[str]] = {}
     for fail in carried:
         _add(total, (fail.account, fail.symbol), fail.quantity, fail.amount)
         sources.setdefault((fail.account, fail.symbol), []).append(fail.instruction_id)
-    return _lines(total, lambda n: instruction_id(run_id, n), trade_date, settlement_date,
-                  version, {k: ";".join(sorted(v)) for k, v in sources.items()})
+    return _lines(total, ids or (lambda n: instruction_id(run_id, n)), trade_date,
+                  settlement_date, version, {k: ";".join(sorted(v)) for k, v in sources.items()})
 
 
 def _add(total: dict[tuple[str, str], Net], key: tuple[str, str], quantity: int,

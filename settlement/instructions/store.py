@@ -24,6 +24,7 @@ from settlement.instructions.model import (
     build,
     delta,
     in_minor_units,
+    marked,
     minor_units,
     reinstruct,
     unsettled_part,
@@ -101,7 +102,7 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
         if mode == "custodian":
             _write_custodian(conn, settings, params, version, nets)
         else:
-            _write(conn, params, version, nets)
+            _write(conn, settings, params, version, nets)
         conn.execute(q("instructions", "set_mode"), {"run_id": run_id, "mode": mode})
     return _stored(conn, settings, trade_date, str(sdate), run_id, version, mode, nets)
 
@@ -133,16 +134,77 @@ def _insert(conn: psycopg.Connection, run_id: int, lines: list[Instruction]) -> 
                         [{**line._asdict(), "run_id": run_id} for line in lines])
 
 
-def _write(conn: psycopg.Connection, params: dict[str, Any], version: int,
-           nets: dict[tuple[str, str], Net]) -> None:
-    """ccp mode: the day's nets plus the open fails carried in, whole sets per version."""
+def _write(conn: psycopg.Connection, settings: Settings, params: dict[str, Any],
+           version: int, nets: dict[tuple[str, str], Net]) -> None:
+    """ccp mode: the day's nets plus the open fails carried in at market (``_carry``), whole
+    sets per version."""
     fails = [CarriedFail(i, a, sym, int(qty), Decimal(amt)) for i, a, sym, qty, amt in
              conn.execute(q("instructions", "open_fails"), params)]
+    at_market = _carry(conn, settings, params, fails)
     _insert(conn, params["run_id"], build(params["run_id"], version, params["trade_date"],
-                                          params["settlement_date"], nets, fails))
-    carried = [f.instruction_id for f in fails]
-    if carried:
-        conn.execute(q("instructions", "carry"), {"run_id": params["run_id"], "ids": carried})
+                                          params["settlement_date"], nets, at_market))
+
+
+def _carry(conn: psycopg.Connection, settings: Settings, params: dict[str, Any],
+           fails: list[CarriedFail]) -> list[CarriedFail]:
+    """ccp mode: open fails taken into run ``params["run_id"]``'s set, each marked to the
+    closing price of the set's trade date (``model.marked``; the latest close before it when
+    the instrument did not trade that day). Each mark is recorded with the open position's
+    first settlement date and its age in settlement days on the set's settlement date, and
+    the fails are marked as carried. Returns them at market, as they go into lines."""
+    if not fails:
+        return []
+    from settlement.instructions.calendar import SettlementCalendar
+
+    run_id, sdate = params["run_id"], dt.date.fromisoformat(params["settlement_date"])
+    prices = {sym: (price, when) for sym, price, when in conn.execute(
+        q("instructions", "mark_prices"),
+        {"run_id": run_id, "trade_date": params["trade_date"],
+         "symbols": sorted({f.symbol for f in fails})})}
+    first = {i: origin for i, _, origin in conn.execute(
+        q("instructions", "fail_origins"), {"ids": [f.instruction_id for f in fails]})}
+    cal = SettlementCalendar.from_settings(settings)
+    out: list[CarriedFail] = []
+    for fail in fails:
+        price, when = prices.get(fail.symbol, (None, None))
+        at_market, mark = marked(fail, None if price is None else Decimal(price))
+        out.append(at_market)
+        conn.execute(q("instructions", "insert_mark"), {
+            "run_id": run_id, "instruction_id": fail.instruction_id, "account": fail.account,
+            "symbol": fail.symbol, "quantity": fail.quantity, "carried_amount": fail.amount,
+            "close_price": price if fail.quantity else None,
+            "price_date": when if fail.quantity else None,
+            "marked_amount": at_market.amount, "mark": mark,
+            "first_settlement_date": first[fail.instruction_id],
+            "age_days": cal.days_between(first[fail.instruction_id], sdate)})
+    conn.execute(q("instructions", "carry"),
+                 {"run_id": run_id, "ids": [f.instruction_id for f in fails]})
+    return out
+
+
+def _carry_late(conn: psycopg.Connection, settings: Settings,
+                fails: list[tuple[Instruction, CarriedFail]]) -> list[dict[str, Any]]:
+    """ccp mode: fails answered after the set of the next settlement date was written go
+    into that set now, as added lines (kind ``carry``, ids ``R<run>-L<n>``) at market, so an
+    answer after the next close still reaches the next settlement date. A fail with no later
+    set written yet waits for it (``open_fails``). Returns where each group went."""
+    into: dict[int, tuple[tuple[Any, ...], list[CarriedFail]]] = {}
+    for instr, fail in fails:
+        row = conn.execute(q("instructions", "next_set"),
+                           {"settlement_date": instr.settlement_date}).fetchone()
+        if row is not None:
+            into.setdefault(int(row[0]), (tuple(row), []))[1].append(fail)
+    out: list[dict[str, Any]] = []
+    for run_id, ((_, trade_date, sdate, version, before), group) in sorted(into.items()):
+        params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": sdate}
+        lines = build(run_id, int(version), trade_date, sdate, {},
+                      _carry(conn, settings, params, group),
+                      ids=lambda n, r=run_id, b=int(before): f"R{r}-L{b + n:06d}")
+        _insert(conn, run_id, [x._replace(kind="carry") for x in lines])
+        out.append({"trade_date": trade_date, "settlement_date": sdate, "run_id": run_id,
+                    "fails": sorted(f.instruction_id for f in group),
+                    "lines": [x.instruction_id for x in lines]})
+    return out
 
 
 def _write_custodian(conn: psycopg.Connection, settings: Settings, params: dict[str, Any],
@@ -260,7 +322,8 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
     """``settle instructions status --file``: record the agent's answers, all or none.
 
     ccp mode: an answer is final; a fail (or the unsettled rest of a partial) is carried into
-    the next settlement date's instructions until reported settled. custodian mode: a failed
+    the next settlement date's instructions until reported settled, at once if that date's
+    set is written already (``carried_late``). custodian mode: a failed
     instruction stays pending with the agent and is answered again when it settles
     (``settled_quantity`` is then the total settled so far); any instruction ever sent,
     cancelled or not, and any cancellation can be answered. Every answer applied is kept in
@@ -274,7 +337,7 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
         known = {r[0]: r for r in conn.execute(q("instructions", "for_status"),
                                                {"ids": [a.instruction_id for a in answers]})}
         errors: list[str] = []
-        todo: list[tuple[Answer, Instruction, bool]] = []
+        todo: list[tuple[Answer, Instruction, bool, bool]] = []
         for a in answers:
             row = known.get(a.instruction_id)
             if row is None:
@@ -291,14 +354,15 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
             elif why:
                 errors.append(f"line {a.line}: {a.instruction_id}: {why}")
             else:
-                todo.append((a, instr, had is not None))
+                todo.append((a, instr, had is not None, custodian))
                 if cancelled_by and a.status == "settled":
                     after_cancellation.append({"instruction_id": a.instruction_id,
                                                "cancellation": cancelled_by})
         if errors:
             raise InstructionsError(f"{path}: nothing applied: " + "; ".join(errors))
         dates: set[str] = set()
-        for a, instr, again in todo:
+        carry: list[tuple[Instruction, CarriedFail]] = []
+        for a, instr, again, custodian in todo:
             rest = (None if instr.kind == "cancel" else
                     unsettled_part(instr, None if a.status == "failed" else
                                    (a.settled_quantity if a.settled_quantity is not None
@@ -315,6 +379,9 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
                          params)
             conn.execute(q("instructions", "insert_answer"), params)
             dates.add(instr.settlement_date)
+            if rest is not None and not custodian:
+                carry.append((instr, rest))
+        carried_late = _carry_late(conn, s, carry)
         shares = [{"settlement_date": d, "trade_date": t, "instructions": int(n),
                    "open_fails": int(f), "share": round(int(f) / int(n), 4)}
                   for d, t, n, f in conn.execute(q("instructions", "fail_share"),
@@ -326,7 +393,9 @@ def apply_answers(settings: Settings, path: Path) -> dict[str, Any]:
             "fails_alert_share": s.fails_alert_share,
             # Settled although a re-close had cancelled it: the agent settled it before the
             # cancellation reached it, so its replacement must be cancelled by hand.
-            "after_cancellation": after_cancellation}
+            "after_cancellation": after_cancellation,
+            # Fails whose next settlement date's set was written already: added to it.
+            "carried_late": carried_late}
 
 
 def _whole(a: Answer, instr: Instruction) -> Answer:

@@ -5,7 +5,10 @@ they are: the figures a member's operations desk checks first.
 A member is the participant the reference data maps an account to (settle refdata load); an
 account with no participant is its own line, marked unmapped, so nothing is summed away.
 Quantities are shares across instruments (a member's securities movements in units, not
-values); money is exact, in the settlement currency.
+values); money is exact, in the settlement currency, but for the money line: the member's one
+money figure for the date (its lines' payments and, in ccp mode, the marks of the open
+positions carried in), in the currency's minor units. In ccp mode the clearing house's line
+closes the date: the money lines sum to zero but for the rounding residual, reported.
 """
 
 from __future__ import annotations
@@ -15,23 +18,34 @@ import datetime as dt
 import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import TYPE_CHECKING, Any
 
 from settlement.instructions.model import PAYMENT_SIGN, Instruction
 
+if TYPE_CHECKING:
+    from settlement.instructions.calendar import SettlementCalendar
+    from settlement.instructions.store import InstructionSet
+
 COLUMNS = ("member", "mapped", "accounts", "instructions", "securities_in", "securities_out",
-           "money_in", "money_out", "net_money", "fails_carried_in",
+           "money_in", "money_out", "net_money", "marks", "money_line", "fails_carried_in",
            "oldest_fail_settlement_date", "oldest_fail_age_days")
+# ccp mode's last line: the clearing house, counterparty of every obligation. Its money line
+# is what it pays out of, or takes into, the fails it stood in for (the cash the settled side
+# of a failed delivery paid it) and their marks: zero when every fail had a failing
+# counterpart, and what makes the date's money lines sum to zero.
+CLEARING_HOUSE = "clearing house"
 
 
 @dataclass(frozen=True)
 class CarriedIn:
-    """A fail carried into the date's instructions: whose, and when it was due first."""
+    """A fail carried into the date's instructions: whose, when the open position was first
+    due and its age then, in settlement days."""
 
     instruction_id: str
     account: str
-    due: dt.date  # the failed instruction's own settlement date
+    due: dt.date
+    age_days: int
 
 
 @dataclass
@@ -44,34 +58,35 @@ class MemberLine:
     securities_out: int = 0
     money_in: Decimal = Decimal(0)
     money_out: Decimal = Decimal(0)
+    marks: Decimal = Decimal(0)  # ccp mode: the marks of the open positions carried in
+    money_line: Decimal | None = None  # net money and marks in minor units (``money_lines``)
     fails_carried_in: int = 0
     oldest_fail: dt.date | None = None
+    oldest_age_days: int | None = None
 
     @property
     def net_money(self) -> Decimal:
         return self.money_in - self.money_out
 
-    def age_days(self, settlement_date: dt.date) -> int | None:
-        """Calendar days from the oldest carried fail's own settlement date to this one."""
-        return None if self.oldest_fail is None else (settlement_date - self.oldest_fail).days
-
-    def row(self, settlement_date: dt.date) -> list[str]:
-        age = self.age_days(settlement_date)
-        return [self.member, "yes" if self.mapped else "no", str(len(self.accounts)),
+    def row(self) -> list[str]:
+        mapped = "" if self.member == CLEARING_HOUSE else "yes" if self.mapped else "no"
+        return [self.member, mapped, str(len(self.accounts)),
                 str(self.instructions), str(self.securities_in), str(self.securities_out),
                 f"{self.money_in:.4f}", f"{self.money_out:.4f}", f"{self.net_money:.4f}",
+                f"{self.marks:.4f}", "" if self.money_line is None else str(self.money_line),
                 str(self.fails_carried_in),
                 "" if self.oldest_fail is None else self.oldest_fail.isoformat(),
-                "" if age is None else str(age)]
+                "" if self.oldest_age_days is None else str(self.oldest_age_days)]
 
-    def as_dict(self, settlement_date: dt.date) -> dict[str, Any]:
-        return dict(zip(COLUMNS, self.row(settlement_date), strict=True))
+    def as_dict(self) -> dict[str, Any]:
+        return dict(zip(COLUMNS, self.row(), strict=True))
 
 
 def summarize(lines: Iterable[Instruction], members: Mapping[str, str],
-              carried: Iterable[CarriedIn]) -> list[MemberLine]:
+              carried: Iterable[CarriedIn], marks: Mapping[str, Decimal] | None = None
+              ) -> list[MemberLine]:
     """One line per member (the participant ``members`` maps an account to, else the account
-    itself, unmapped), in member order."""
+    itself, unmapped), in member order; ``marks`` per account (ccp mode)."""
     out: dict[str, MemberLine] = {}
 
     def line_of(account: str) -> MemberLine:
@@ -92,30 +107,59 @@ def summarize(lines: Iterable[Instruction], members: Mapping[str, str],
             line.money_in += instr.amount
         elif sign < 0:
             line.money_out += instr.amount
+    for account, mark in (marks or {}).items():
+        line_of(account).marks += mark
     for fail in carried:
         line = line_of(fail.account)
         line.fails_carried_in += 1
         if line.oldest_fail is None or fail.due < line.oldest_fail:
-            line.oldest_fail = fail.due
+            line.oldest_fail, line.oldest_age_days = fail.due, fail.age_days
     return [out[m] for m in sorted(out)]
 
 
-def to_csv(summary: list[MemberLine], settlement_date: dt.date) -> str:
+def money_lines(summary: list[MemberLine], digits: int, ccp: bool
+                ) -> tuple[list[MemberLine], Decimal]:
+    """Each member's one money figure, its net money and marks rounded half-even to the
+    currency's minor units, and, in ccp mode, the clearing house's line after them (minus
+    the members' exact total). Returns the lines and the rounding residual: what the rounded
+    figures sum to (the exact ones sum to zero with the clearing house's)."""
+    unit = Decimal(1).scaleb(-digits)
+    exact = Decimal(0)
+    for line in summary:
+        line.money_line = (line.net_money + line.marks).quantize(unit, ROUND_HALF_EVEN)
+        exact += line.net_money + line.marks
+    out = list(summary)
+    if ccp:
+        out.append(MemberLine(CLEARING_HOUSE, True, set(),
+                              money_line=(-exact).quantize(unit, ROUND_HALF_EVEN)))
+    rounded = sum((x.money_line or Decimal(0) for x in out), Decimal(0))
+    return out, rounded - (Decimal(0) if ccp else exact)
+
+
+def to_csv(summary: list[MemberLine]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(COLUMNS)
-    w.writerows(line.row(settlement_date) for line in summary)
+    w.writerows(line.row() for line in summary)
     return buf.getvalue()
 
 
-def for_set(dsn: str, lines: list[Instruction], carried_in: list[str]) -> list[MemberLine]:
-    """The summary of an instruction set as stored: its accounts' members from the reference
-    data, its carried fails' own settlement dates."""
+def for_set(dsn: str, day: InstructionSet, calendar: SettlementCalendar, digits: int
+            ) -> tuple[list[MemberLine], Decimal]:
+    """The summary of an instruction set as stored, with its money lines and their rounding
+    residual: its accounts' members from the reference data, its carried fails' first
+    settlement dates and ages (in settlement days on the set's date), its marks."""
     from settlement.db import connect, q
 
+    lines = [x for x in day.lines if x.kind in ("instruct", "carry")]
+    sdate = dt.date.fromisoformat(day.settlement_date)
     accounts = sorted({line.account for line in lines})
     with connect(dsn) as conn:
         members = dict(conn.execute(q("instructions", "members"), {"accounts": accounts}))
-        carried = [CarriedIn(i, a, due) for i, a, due in
-                   conn.execute(q("instructions", "carried_origins"), {"ids": carried_in})]
-    return summarize(lines, members, carried)
+        carried = [CarriedIn(i, a, due, calendar.days_between(due, sdate)) for i, a, due in
+                   conn.execute(q("instructions", "carried_origins"),
+                                {"ids": day.carried_in, "run_id": day.run_id})]
+        marks = {a: Decimal(m) for a, m in conn.execute(q("instructions", "run_marks"),
+                                                        {"run_id": day.run_id})}
+    ccp = day.mode != "custodian"
+    return money_lines(summarize(lines, members, carried, marks if ccp else None), digits, ccp)

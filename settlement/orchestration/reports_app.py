@@ -195,16 +195,14 @@ def report_html(run_id: int) -> HTMLResponse:
 
 def _members(dsn: str, run_id: int) -> list[dict[str, Any]]:
     """The run's per-member summary as the reference data maps its accounts now."""
-    import datetime as dt
-
-    from settlement.instructions import summary
+    from settlement.config import load_settings
+    from settlement.instructions import member_summary
     from settlement.instructions.store import run_set
 
     day = run_set(dsn, run_id)
     if day is None:
         return []
-    sdate = dt.date.fromisoformat(day.settlement_date)
-    return [m.as_dict(sdate) for m in summary.for_set(dsn, day.lines, day.carried_in)]
+    return [m.as_dict() for m in member_summary(load_settings(), day, dsn)[0]]
 
 
 def amended_since(trade_date: str, run_id: int) -> dict[str, Any] | None:

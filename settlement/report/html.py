@@ -145,16 +145,18 @@ def _settlement_section(st: Any) -> list[str]:
     if members:
         out.append(f'<h3 data-members="{len(members)}">Per member</h3>')
         out.append(_table(["member", "mapped", "accounts", "instructions", "securities in",
-                           "securities out", "money in", "money out", "net money",
-                           "fails carried in", "oldest fail due", "its age (days)"],
+                           "securities out", "money in", "money out", "net money", "marks",
+                           "money line", "fails carried in", "oldest fail due",
+                           "its age (settlement days)"],
                           [[x.get("member"), x.get("mapped"), x.get("accounts"),
                             x.get("instructions"), x.get("securities_in"),
                             x.get("securities_out"), _money(x.get("money_in")),
                             _money(x.get("money_out")), _money(x.get("net_money")),
+                            _money(x.get("marks")), _money(x.get("money_line")),
                             x.get("fails_carried_in"), x.get("oldest_fail_settlement_date"),
                             x.get("oldest_fail_age_days")]
                            for x in members if isinstance(x, dict)],
-                          {2, 3, 4, 5, 6, 7, 8, 9, 11}))
+                          {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13}))
     if carried_out:
         out.append(f'<h3 data-carried-out="{len(carried_out)}">Fails carried out (reported by '
                    "the settlement agent)</h3>")

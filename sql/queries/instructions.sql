@@ -57,7 +57,8 @@ select s.instruction_id, i.account, i.symbol, s.open_quantity, s.open_amount
 from instruction_statuses s join settlement_instructions i using (instruction_id)
 join settlement_runs r on r.run_id = i.run_id
 where (s.open_quantity <> 0 or s.open_amount <> 0)
-  and r.instructions_mode is distinct from 'custodian' and i.kind in ('instruct', 'delta')
+  and r.instructions_mode is distinct from 'custodian'
+  and i.kind in ('instruct', 'delta', 'carry')
   and i.settlement_date < %(settlement_date)s
   and (s.carried_into_run is null
        or s.carried_into_run in (select run_id from settlement_runs
@@ -178,6 +179,55 @@ where s.carried_into_run is null and (s.open_quantity <> 0 or s.open_amount <> 0
 select account, participant_id from participants where account = any(%(accounts)s)
 
 -- name: carried_origins
--- The fails a set carried in: whose, and their own (first) settlement date.
-select instruction_id, account, settlement_date from settlement_instructions
-where instruction_id = any(%(ids)s)
+-- The fails a set carried in: whose, and when each open position was first due (its mark's
+-- record; a set written before marks were kept: the fail's own settlement date).
+select i.instruction_id, i.account, coalesce(m.first_settlement_date, i.settlement_date)
+from settlement_instructions i
+left join instruction_marks m on m.instruction_id = i.instruction_id
+                             and m.run_id = %(run_id)s
+where i.instruction_id = any(%(ids)s)
+
+-- name: run_marks
+-- The marks of the open positions a run's set carried in, per account (ccp mode).
+select account, sum(mark) from instruction_marks where run_id = %(run_id)s group by account
+
+-- name: mark_prices
+-- The closing price each symbol is marked at in a run's set: the close of the run's own
+-- trade date, else the latest one published before it (NULL: never traded here).
+select s.symbol, coalesce(c.close_price, p.close_price),
+       case when c.close_price is not null then %(trade_date)s::date else p.trade_date end
+from unnest(%(symbols)s::text[]) as s(symbol)
+left join run_instrument_summary c on c.run_id = %(run_id)s and c.symbol = s.symbol
+left join lateral (select close_price, trade_date from instrument_summary
+                   where symbol = s.symbol and trade_date < %(trade_date)s
+                     and close_price is not null
+                   order by trade_date desc limit 1) p on true
+
+-- name: fail_origins
+-- When each fail's open position was first due: its own settlement date, or earlier when
+-- its line carried older fails in (their marks keep theirs).
+select i.instruction_id, i.settlement_date,
+       least(i.settlement_date,
+             (select min(m.first_settlement_date) from instruction_marks m
+              where m.run_id = i.run_id
+                and m.instruction_id = any(string_to_array(i.carried_from, ';'))))
+from settlement_instructions i where i.instruction_id = any(%(ids)s)
+
+-- name: insert_mark
+insert into instruction_marks (run_id, instruction_id, account, symbol, quantity,
+    carried_amount, close_price, price_date, marked_amount, mark, first_settlement_date,
+    age_days)
+values (%(run_id)s, %(instruction_id)s, %(account)s, %(symbol)s, %(quantity)s,
+        %(carried_amount)s, %(close_price)s, %(price_date)s, %(marked_amount)s, %(mark)s,
+        %(first_settlement_date)s, %(age_days)s)
+
+-- name: next_set
+-- The earliest written ccp set of a later settlement date (a fail answered after it was
+-- written is carried into it at once), with how many late carries it has already.
+select r.run_id, r.trade_date::text, r.settlement_date::text, r.version,
+       (select count(*) from settlement_instructions c
+        where c.run_id = r.run_id and c.kind = 'carry')
+from published_days p join settlement_runs r on r.run_id = p.run_id
+where r.instructions_mode = 'ccp' and r.settlement_date > %(settlement_date)s
+order by r.settlement_date, r.trade_date
+limit 1
