@@ -61,8 +61,9 @@ def test_fails_are_carried_marked_to_the_close_and_the_money_lines_sum_to_zero(
 
     # Tuesday 2026-11-24 settles Wednesday 2026-11-25; IBM does not trade Tuesday.
     closes = {"AAPL": Decimal("16.2500"), "MSFT": Decimal("29.5000")}
-    tuesday = {("A1", "AAPL"): Net(20, Decimal("-320.0000")),
-               ("A6", "AAPL"): Net(-20, Decimal("320.0000"))}
+    tuesday = {("A1", "AAPL"): Net(20, Decimal("-320.0000")),    # A1 buys 20 from A6 at 16
+               ("A2", "AAPL"): Net(-5, Decimal("81.2500")),      # A2 sells 5 to A6 at 16.25
+               ("A6", "AAPL"): Net(-15, Decimal("238.7500"))}
     tue_run = _publish(isolated, "2026-11-24", tuesday, closes)
     tue = _settle(["instructions", "--date", "2026-11-24"], env)
     assert sorted(tue["carried_in"]) == sorted(
@@ -107,9 +108,21 @@ def test_fails_are_carried_marked_to_the_close_and_the_money_lines_sum_to_zero(
     money = {m["member"]: Decimal(m["money_line"]) for m in summ["members"]}
     assert money == want_money
     assert sum(money.values()) == Decimal(summ["money_rounding_residual"]) == 0
-    # The clearing house paid A2 for the AAPL A1 failed to take, and keeps the MSFT cash A3
-    # paid for what A1 failed to deliver: 1500 - 900.30 - 300 (A5's IBM) + 500 (A4's).
+    # The clearing house takes back the 1500 it paid A2 for the AAPL A1 failed to take, pays
+    # A1 the 900.30 A3 paid for the MSFT A1 failed to deliver, pays A5 the 300 for the rest
+    # of its IBM and takes A4's 500 for the IBM it failed to take.
     assert money["clearing house"] == Decimal("799.70")
+    # One obligation per member and instrument against the clearing house: P1's AAPL nets
+    # A1's 120 in and A2's 5 out.
+    owed = {(r["member"], r["symbol"]): (_signed(r), r["accounts"])
+            for r in _csv(summ["obligations_path"])}
+    want_owed: dict[tuple[str, str], Net] = {}
+    for (account, symbol), net in want_lines.items():
+        key = (MEMBERS.get(account, account), symbol)
+        q, a = want_owed.get(key, Net(0, Decimal(0)))
+        want_owed[key] = Net(q + net.quantity, a + net.amount)
+    assert {k: v[0] for k, v in owed.items()} == want_owed
+    assert owed[("P1", "AAPL")] == (Net(115, Decimal("-1863.7500")), "2")
     marks = {m["member"]: Decimal(m["marks"]) for m in summ["members"]}
     # AAPL rose 1.25 on 100 to receive: P1 is paid 125 and pays 1625 DVP; MSFT fell 0.51 on
     # 30 to deliver: 15.30 to P1; IBM rose 1 on 6 to deliver (A5 pays 6) and on 10 to

@@ -88,7 +88,8 @@ def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
     from settlement.cli.common import console
     from settlement.instructions import summary, write_summary
 
-    path, members, residual = write_summary(s, day, out)
+    written = write_summary(s, day, out)
+    members = written.pop("members")
     table = Table(title=f"settlement date {day.settlement_date}: per member "
                         f"(trade date {day.trade_date}, run {day.run_id})")
     for col in summary.COLUMNS:
@@ -96,9 +97,8 @@ def _summary(s: Settings, day: Any, out: Path | None) -> dict[str, Any]:
     for line in members:
         table.add_row(*line.row())
     console().print(table)
-    return {**day.as_dict(), "path": str(path),
-            "members": [line.as_dict() for line in members],
-            "money_rounding_residual": str(residual)}
+    return {**day.as_dict(), **written, "path": written["summary_path"],
+            "members": [line.as_dict() for line in members]}
 
 
 def _pending(args: argparse.Namespace, s: Settings) -> dict[str, Any]:

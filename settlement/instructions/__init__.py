@@ -9,7 +9,6 @@ once per published run, answers applied all or nothing), ``files`` (CSV and ISO 
 
 from __future__ import annotations
 
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -64,40 +63,51 @@ def write_rendered(settings: Settings, day: InstructionSet, fmt: str, path: Path
 def write_set_files(settings: Settings, day: InstructionSet,
                     formats: tuple[str, ...] = FORMATS) -> dict[str, Any]:
     """A committed set's files, one per format, and its per-member summary
-    (``summary_path``), beside the audit reports (rewriting them gives the same bytes: the set
-    is the committed one). Returns ``planned``, the summary's path and, in custodian mode,
-    the lines held back (``held``)."""
+    (``summary_path``; ccp mode: ``obligations_path`` too), beside the audit reports
+    (rewriting them gives the same bytes: the set is the committed one). Returns
+    ``planned``, the summaries' paths, the money lines' rounding residual and, in custodian
+    mode, the lines held back (``held``)."""
     out = planned(settings, day, formats)
     held: list[Held] = []
     for fmt, path in out["paths"].items():
         held += write_rendered(settings, day, fmt, Path(path))
-    path, _, residual = write_summary(settings, day)
-    out = {**out, "summary_path": str(path), "money_rounding_residual": str(residual)}
+    written = write_summary(settings, day)
+    del written["members"]
+    out = {**out, **written}
     if day.mode == "custodian":
         out["held"] = [h.__dict__ for h in held]
     return out
 
 
 def write_summary(settings: Settings, day: InstructionSet, path: Path | None = None
-                  ) -> tuple[Path, list[summary.MemberLine], Decimal]:
+                  ) -> dict[str, Any]:
     """The set's per-member summary as CSV (settlement.instructions.summary), for the owner
-    only, as the instructions; returns the file, the lines written and the money lines'
-    rounding residual."""
-    members, residual = member_summary(settings, day)
-    path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
-    write_private(path, summary.to_csv(members))
-    return path, members, residual
-
-
-def member_summary(settings: Settings, day: InstructionSet, dsn: str | None = None
-                   ) -> tuple[list[summary.MemberLine], Decimal]:
-    """The set's per-member lines and money lines (read at ``dsn``, default the settlement
-    login's), and their rounding residual."""
+    only, as the instructions, and in ccp mode the members' obligations per instrument
+    beside it (``-obligations.csv``). Returns the paths, the member lines (``members``) and
+    the money lines' rounding residual."""
     from settlement.instructions.calendar import SettlementCalendar
 
-    return summary.for_set(dsn or settings.for_component("settlement").settlement_dsn, day,
-                           SettlementCalendar.from_settings(settings),
-                           minor_units(settings.settlement_currency))
+    members, residual, owed = summary.for_set(
+        settings.for_component("settlement").settlement_dsn, day,
+        SettlementCalendar.from_settings(settings), minor_units(settings.settlement_currency))
+    path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
+    write_private(path, summary.to_csv(members))
+    out: dict[str, Any] = {"summary_path": str(path), "members": members,
+                           "money_rounding_residual": str(residual)}
+    if day.mode != "custodian":
+        owed_path = path.with_name(path.stem.removesuffix("-summary") + "-obligations.csv")
+        write_private(owed_path, summary.obligations_csv(owed))
+        out["obligations_path"] = str(owed_path)
+    return out
+
+
+def member_summary(settings: Settings, day: InstructionSet, dsn: str
+                   ) -> list[summary.MemberLine]:
+    """The set's per-member lines with their money lines, read at ``dsn``."""
+    from settlement.instructions.calendar import SettlementCalendar
+
+    return summary.for_set(dsn, day, SettlementCalendar.from_settings(settings),
+                           minor_units(settings.settlement_currency))[0]
 
 
 def write_files(settings: Settings, trade_date: str,

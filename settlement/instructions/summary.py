@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import TYPE_CHECKING, Any
 
-from settlement.instructions.model import PAYMENT_SIGN, Instruction
+from settlement.instructions.model import PAYMENT_SIGN, Instruction, Net, line_for
 
 if TYPE_CHECKING:
     from settlement.instructions.calendar import SettlementCalendar
@@ -136,19 +136,53 @@ def money_lines(summary: list[MemberLine], digits: int, ccp: bool
     return out, rounded - (Decimal(0) if ccp else exact)
 
 
+OBLIGATION_COLUMNS = ("member", "symbol", "side", "quantity", "payment", "amount", "accounts",
+                      "instructions")
+
+
+def obligations(lines: Iterable[Instruction], members: Mapping[str, str]) -> list[list[str]]:
+    """ccp mode: each member's one obligation per instrument against the clearing house, its
+    accounts' lines netted (signed, as the lines: RECE/RECV add to the member), in (member,
+    symbol) order; the CSV's rows. An instrument whose lines net to nothing is left out."""
+    nets: dict[tuple[str, str], list[Any]] = {}
+    for x in lines:
+        key = (members.get(x.account, x.account), x.symbol)
+        net = nets.setdefault(key, [0, Decimal(0), set(), 0])
+        net[0] += x.signed_quantity
+        net[1] += x.signed_amount
+        net[2].add(x.account)
+        net[3] += 1
+    rows = []
+    for (member, symbol), (qty, amount, accounts, n) in sorted(nets.items()):
+        if qty or amount:
+            side, quantity, payment, value = line_for(Net(qty, amount))
+            rows.append([member, symbol, side, str(quantity), payment, f"{value:.4f}",
+                         str(len(accounts)), str(n)])
+    return rows
+
+
 def to_csv(summary: list[MemberLine]) -> str:
+    return _csv(COLUMNS, [line.row() for line in summary])
+
+
+def _csv(header: tuple[str, ...], rows: Iterable[list[str]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(COLUMNS)
-    w.writerows(line.row() for line in summary)
+    w.writerow(header)
+    w.writerows(rows)
     return buf.getvalue()
 
 
+def obligations_csv(rows: list[list[str]]) -> str:
+    return _csv(OBLIGATION_COLUMNS, rows)
+
+
 def for_set(dsn: str, day: InstructionSet, calendar: SettlementCalendar, digits: int
-            ) -> tuple[list[MemberLine], Decimal]:
+            ) -> tuple[list[MemberLine], Decimal, list[list[str]]]:
     """The summary of an instruction set as stored, with its money lines and their rounding
-    residual: its accounts' members from the reference data, its carried fails' first
-    settlement dates and ages (in settlement days on the set's date), its marks."""
+    residual (its accounts' members from the reference data, its carried fails' first
+    settlement dates and ages, in settlement days on the set's date, its marks), and in ccp
+    mode the members' obligations per instrument."""
     from settlement.db import connect, q
 
     lines = [x for x in day.lines if x.kind in ("instruct", "carry")]
@@ -162,4 +196,6 @@ def for_set(dsn: str, day: InstructionSet, calendar: SettlementCalendar, digits:
         marks = {a: Decimal(m) for a, m in conn.execute(q("instructions", "run_marks"),
                                                         {"run_id": day.run_id})}
     ccp = day.mode != "custodian"
-    return money_lines(summarize(lines, members, carried, marks if ccp else None), digits, ccp)
+    out, residual = money_lines(summarize(lines, members, carried, marks if ccp else None),
+                                digits, ccp)
+    return out, residual, obligations(lines, members) if ccp else []

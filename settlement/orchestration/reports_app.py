@@ -202,7 +202,7 @@ def _members(dsn: str, run_id: int) -> list[dict[str, Any]]:
     day = run_set(dsn, run_id)
     if day is None:
         return []
-    return [m.as_dict() for m in member_summary(load_settings(), day, dsn)[0]]
+    return [m.as_dict() for m in member_summary(load_settings(), day, dsn)]
 
 
 def amended_since(trade_date: str, run_id: int) -> dict[str, Any] | None:
