@@ -173,6 +173,9 @@ class FilesSettings(BaseModel):
     jars_dir: Path = Field(default_factory=_default_jars_dir, description="Maven-resolved jars")
     reports_dir: Path = Field(default_factory=_default_reports_dir,
                               description="audit reports and instruction files")
+    archive_dir: Path | None = Field(None, description="where `settle archive` writes a day's "
+                                     "ledger rows as Parquet; unset: <reports_dir>/../archive "
+                                     "(a checkout's archive/)")
     # Unset: the checkout's gx/, or for an installed wheel <state_dir>/gx, seeded from the
     # packaged copy on first use (GX writes results and data sources into its project folder).
     gx_dir: Path | None = Field(None, description="the Great Expectations project (the folder "
@@ -390,6 +393,11 @@ class OperationsSettings(BaseModel):
     # from the Airflow UI.
     drills_enabled: bool = Field(True, description="the failover_drill DAG and drill "
                                  "commands may run")
+    # A day's ledger rows stay this long; `settle archive` then moves them to Parquet. Kafka's
+    # retention is the other bound on settling a day again from the log.
+    retention_days: int = Field(400, ge=0, le=36500, description="`settle archive` moves a "
+                                "published day's ledger rows older than this many days to "
+                                "its archive")
     crash_at: str = Field("", description="tests only: POINT:kill|pause, a crash point "
                                           "(settlement.crashpoints); refused in production "
                                           "(SETTLE_DRILLS_ENABLED=false)")

@@ -143,6 +143,20 @@ CREATE TABLE public.data_loss_events (
     detected_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT data_loss_events_check CHECK ((to_offset > from_offset))
 );
+CREATE TABLE public.day_archives (
+    trade_date date NOT NULL,
+    ledger text NOT NULL,
+    table_name text NOT NULL,
+    row_count bigint NOT NULL,
+    checksum numeric NOT NULL,
+    files_sha256 text NOT NULL,
+    path text NOT NULL,
+    published_run bigint NOT NULL,
+    archived_at timestamp with time zone DEFAULT now() NOT NULL,
+    removed_at timestamp with time zone,
+    restored_at timestamp with time zone,
+    CONSTRAINT day_archives_row_count_check CHECK ((row_count >= 0))
+);
 CREATE TABLE public.dead_letters (
     topic text NOT NULL,
     kafka_partition integer NOT NULL,
@@ -504,6 +518,8 @@ ALTER TABLE ONLY public.consumer_offsets
     ADD CONSTRAINT consumer_offsets_pkey PRIMARY KEY (consumer_group, topic, kafka_partition);
 ALTER TABLE ONLY public.data_loss_events
     ADD CONSTRAINT data_loss_events_pkey PRIMARY KEY (topic, kafka_partition, from_offset);
+ALTER TABLE ONLY public.day_archives
+    ADD CONSTRAINT day_archives_pkey PRIMARY KEY (trade_date, ledger, table_name);
 ALTER TABLE ONLY public.dead_letters
     ADD CONSTRAINT dead_letters_pkey PRIMARY KEY (topic, kafka_partition, kafka_offset);
 ALTER TABLE ONLY public.ingest_batches
@@ -568,6 +584,8 @@ ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.close_leases
     ADD CONSTRAINT close_leases_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);
+ALTER TABLE ONLY public.day_archives
+    ADD CONSTRAINT day_archives_published_run_fkey FOREIGN KEY (published_run) REFERENCES public.settlement_runs(run_id);
 ALTER TABLE ONLY public.instruction_answers
     ADD CONSTRAINT instruction_answers_instruction_id_fkey FOREIGN KEY (instruction_id) REFERENCES public.settlement_instructions(instruction_id);
 ALTER TABLE ONLY public.instruction_marks

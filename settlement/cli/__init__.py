@@ -20,6 +20,7 @@ from types import ModuleType
 
 from settlement.cli import (
     airflow,
+    archive,
     db,
     demo,
     drill,
@@ -40,7 +41,7 @@ from settlement.errors import redact
 # In the order `settle --help` lists their commands.
 GROUPS: tuple[ModuleType, ...] = (
     status, services, stack, db, kafka, airflow, simulate, site, eod, instructions, refdata,
-    drill, demo,
+    archive, drill, demo,
 )
 
 
