@@ -73,6 +73,7 @@ class _Txn:
 
     def __init__(self, failures: list[Any]) -> None:
         self.failures = failures
+        self.abort_failures: list[Any] = []  # the abort fails as told, too
         self.calls: list[str] = []
 
     def begin_transaction(self) -> None:
@@ -85,6 +86,8 @@ class _Txn:
 
     def abort_transaction(self, _timeout: float) -> None:
         self.calls.append("abort")
+        if self.abort_failures:
+            raise self.abort_failures.pop(0)
 
     def flush(self, _timeout: float) -> int:
         return 0
@@ -127,3 +130,43 @@ def test_a_transaction_the_cluster_lost_is_aborted_and_sent_again(
     lost = [_kafka_error(txn_requires_abort=True) for _ in range(gateway.TXN_ATTEMPTS)]
     with pytest.raises(KafkaException):
         gateway._transaction(_Txn(lost), lambda: None, [])
+
+
+def test_a_producer_past_a_fatal_error_is_renewed_and_the_transaction_sent_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI of ef7b560: the abort of a lost transaction timed out, was retried, and the broker
+    answered INVALID_TXN_STATE, fatal: that producer accepts nothing more. The gateway makes
+    a new one with the same transactional id (its init fences the dead one) and sends the
+    transaction again with it."""
+    from settlement.simulator import gateway
+
+    monkeypatch.setattr(gateway.time, "sleep", lambda _s: None)
+    made: list[_Txn] = []
+
+    def make() -> _Txn:
+        first = not made
+        tx = _Txn([_kafka_error(txn_requires_abort=True)] if first else [])
+        tx.abort_failures = [_kafka_error(fatal=True)] if first else []
+        tx.init_transactions = lambda _t, tx=tx: tx.calls.append("init")  # type: ignore[attr-defined]
+        made.append(tx)
+        return tx
+
+    tx = gateway.Renewable(make)
+    sent: list[int] = []
+    gateway._transaction(tx, lambda: sent.append(1), [])
+    assert [t.calls for t in made] == [["init", "begin", "commit", "abort"],
+                                       ["init", "begin", "commit"]]
+    assert (sent, tx.renewals) == ([1, 1], 1)
+    # A fatal commit renews the producer without an abort (the dead one takes no call).
+    made.clear()
+
+    def fatal_commit() -> _Txn:
+        t = _Txn([_kafka_error(fatal=True)] if not made else [])
+        t.init_transactions = lambda _t, t=t: t.calls.append("init")  # type: ignore[attr-defined]
+        made.append(t)
+        return t
+
+    tx = gateway.Renewable(fatal_commit)
+    gateway._transaction(tx, lambda: None, [])
+    assert [t.calls for t in made] == [["init", "begin", "commit"],
+                                       ["init", "begin", "commit"]]

@@ -442,13 +442,37 @@ def _produce(producer: Any, topic: str, value: bytes, key: bytes | None, partiti
 TXN_ATTEMPTS = 8
 
 
+class Renewable:
+    """The gateway's transactional producer, replaced by a new instance with the same
+    transactional id after a fatal error (a producer that hit one accepts no further
+    call). The new one's init_transactions fences the dead one: the coordinator aborts the
+    transaction it left open, so its messages are void. Every other call goes to the
+    current producer."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self.producer = make()
+        self.renewals = 0
+        _retrying(lambda: self.producer.init_transactions(30))
+
+    def renew(self) -> None:
+        self.producer = self._make()
+        self.renewals += 1
+        _retrying(lambda: self.producer.init_transactions(30))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.producer, name)
+
+
 def _transaction(tx: Any, fill: Callable[[], None], errors: list[str],
                  commit: bool = True) -> None:
     """``fill``'s messages in one transaction, committed (or, ``commit`` False, delivered and
     then aborted: never-committed trades). An abortable error aborts the attempt, forgets its
     delivery errors (an aborted transaction's messages are void) and sends it all again; a
-    retriable one retries the commit or abort itself; a fatal one, or the last attempt's,
-    is raised."""
+    retriable one retries the commit or abort itself; a fatal one (the abort of a lost
+    transaction can end so: the coordinator moved under it) renews the producer (``Renewable``)
+    and sends it all again. The last attempt's error is raised, as is a fatal one on a
+    producer that cannot be renewed."""
     from confluent_kafka import KafkaException
 
     for attempt in range(1, TXN_ATTEMPTS + 1):
@@ -466,13 +490,30 @@ def _transaction(tx: Any, fill: Callable[[], None], errors: list[str],
             return
         except KafkaException as e:
             err = e.args[0]
-            if attempt == TXN_ATTEMPTS or not (err.txn_requires_abort() or err.retriable()):
+            renewable = hasattr(tx, "renew")
+            if attempt == TXN_ATTEMPTS or not (err.txn_requires_abort() or err.retriable()
+                                               or (err.fatal() and renewable)):
                 raise
             print(f"gateway: transaction attempt {attempt} lost ({err.str()}); sending it "
                   "again", file=sys.stderr, flush=True)
             del errors[mark:]
-            _retrying(lambda: tx.abort_transaction(60))
+            _abort_or_renew(tx, fatal=err.fatal())
             time.sleep(min(2 * attempt, 10))
+
+
+def _abort_or_renew(tx: Any, fatal: bool) -> None:
+    """Abort a lost transaction; a producer past a fatal error (before or during the abort)
+    is renewed instead, when it can be."""
+    from confluent_kafka import KafkaException
+
+    if not fatal:
+        try:
+            _retrying(lambda: tx.abort_transaction(60))
+            return
+        except KafkaException as e:
+            if not (e.args[0].fatal() and hasattr(tx, "renew")):
+                raise
+    tx.renew()
 
 
 def _retrying(call: Callable[[], None], attempts: int = 5) -> None:
@@ -508,9 +549,9 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
         if err is not None and err.code() != KafkaError._PURGE_QUEUE:
             errors.append(str(err))
 
-    tx = Producer({**producer_config(settings, transactional_id), "on_delivery": on_delivery})
+    tx = Renewable(lambda: Producer({**producer_config(settings, transactional_id),
+                                     "on_delivery": on_delivery}))
     replay = Producer(producer_config(settings, None)) if spec.dup_rate > 0 else None
-    tx.init_transactions(30)
     topic = settings.topic
     stats: Counter[str] = Counter()
     malformed: Counter[str] = Counter()
@@ -559,6 +600,7 @@ def simulate(settings: Settings, spec: SimulationSpec, progress: bool = False,
         "aborted": stats["aborted_trades"],
         "aborted_transactions": stats["aborted_transactions"],
         "transactions": stats["transactions"] + 1,
+        "producer_renewals": tx.renewals,
         "partitions": n_parts,
         "last_seq": {str(p): gen.last_seq.get(p, 0) for p in range(n_parts)},
         "seconds": round(seconds, 3),
