@@ -54,7 +54,8 @@ PARTITIONS = 6
 ACCOUNTS, SYMBOLS = 300, 50
 
 # One day of history in the ledger, built inside PostgreSQL: trade ids as the exchange's
-# (T<yyyymmdd>-<n>), each partition's sequence numbers from 1, a close marker per partition.
+# (T<yyyymmdd>-<n>), each partition's sequence numbers from 1, a close marker per partition,
+# Kafka offsets before the topic's first (load_history).
 LEDGER_DAY = """
 insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
                     quantity, buyer, seller, executed_at, site)
@@ -125,7 +126,9 @@ def history_dates(days: int) -> list[dt.date]:
 def load_history(s: Settings, days: int, per_day: int) -> dict[str, Any]:
     admin = s.for_component("admin")
     t0 = time.perf_counter()
-    offset = 0
+    # Offsets below the topic's first: these days' messages left the log long ago (its
+    # retention), as a year's would; the day's Kafka range then starts at the log's start.
+    offset = -days * (per_day // PARTITIONS + 2) - 1
     with connect(admin.ledger_dsn("a"), autocommit=True) as ledger, \
             connect(admin.settlement_dsn, autocommit=True) as settlement:
         for n, day in enumerate(history_dates(days), start=1):
