@@ -63,7 +63,7 @@ select 'T' || to_char(%(d)s::date, 'YYYYMMDD') || '-' || lpad((n + 1)::text, 9, 
        %(d)s::date, n / {parts} + 1, n %% {parts}, %(offset)s + n / {parts},
        'SYM' || lpad((n %% {syms})::text, 3, '0'), 10 + (n %% 997) / 100.0, 1 + n %% 100,
        'ACC' || lpad((1 + n %% {accts})::text, 4, '0'),
-       'ACC' || lpad((1 + (n + 1 + n / {accts}) %% {accts})::text, 4, '0'),
+       'ACC' || lpad((1 + (n + 1 + n / {accts} %% ({accts} - 1)) %% {accts})::text, 4, '0'),
        %(d)s::date + time '14:30' + n * interval '10 ms', 'a'
 from generate_series(0, %(n)s - 1) n
 """
