@@ -225,37 +225,42 @@ def probe_lag_seconds(settings: Settings, ledgers: dict[str, Any], timeout: floa
                       ) -> None:
     """Lag in seconds: the age of the first committed message a ledger has not stored yet.
     A partition whose remaining offsets are only transaction markers or aborted messages
-    (read_committed skips them) has nothing to read: its lag is 0."""
+    (read_committed skips them) has nothing to read: its lag is 0. Each ledger's lagging
+    partitions are probed at once (one assignment, answered as their first fetches return),
+    not one after another: a caught-up site's six partitions used to cost three seconds."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    todo = [(int(p), o) for led in ledgers.values() if led.get("reachable")
-            for p, o in led["partitions"].items() if o.get("lag")]
-    if not todo:
+    if not any(o.get("lag") for led in ledgers.values() if led.get("reachable")
+               for o in led["partitions"].values()):
         return
     c = Consumer({**settings.kafka_client_config(), "group.id": "settle-status",
                   "enable.auto.commit": False, "isolation.level": "read_committed",
                   "enable.partition.eof": True, "log_level": 0})
     try:
-        for p, o in todo:  # one ledger partition at a time: positions differ per ledger
-            start = o["stored"]
-            c.assign([TopicPartition(settings.topic, p,
-                                     OFFSET_BEGINNING if start == BEGINNING else start)])
+        for led in ledgers.values():  # positions differ per ledger
+            todo = {int(p): o for p, o in led["partitions"].items()
+                    if led.get("reachable") and o.get("lag")}
+            if not todo:
+                continue
+            c.assign([TopicPartition(settings.topic, p, OFFSET_BEGINNING
+                                     if o["stored"] == BEGINNING else o["stored"])
+                      for p, o in todo.items()])
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is None:
+            while todo and time.monotonic() < deadline:
+                m = c.poll(0.1)
+                if m is None or m.partition() not in todo:
                     continue
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        o = todo.pop(m.partition())
                         o["lag"], o["lag_seconds"] = 0, 0.0
                         o["note"] = "only transaction markers or aborted messages remain"
-                        break
                     continue
+                o = todo.pop(m.partition())
                 _, ts = m.timestamp()
                 if ts > 0:
                     o["lag_seconds"] = round(max(time.time() - ts / 1000, 0.0), 1)
-                break
             c.unassign()
     finally:
         c.close()
