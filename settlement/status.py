@@ -238,8 +238,9 @@ def probe_lag_seconds(settings: Settings, ledgers: dict[str, Any], timeout: floa
                   "enable.partition.eof": True, "log_level": 0})
     try:
         for led in ledgers.values():  # positions differ per ledger
-            todo = {int(p): o for p, o in led["partitions"].items()
-                    if led.get("reachable") and o.get("lag")}
+            if not led.get("reachable"):  # an unreachable ledger has no partitions listed
+                continue
+            todo = {int(p): o for p, o in led["partitions"].items() if o.get("lag")}
             if not todo:
                 continue
             c.assign([TopicPartition(settings.topic, p, OFFSET_BEGINNING

@@ -165,3 +165,19 @@ def test_an_unmigrated_or_unprivileged_database_is_reported_not_raised(
     assert "run `settle db migrate`" in problems
     assert "ledger database(s) a: the login lacks a privilege" in problems, problems
     assert out["ledgers"]["a"]["reachable"] is False
+
+
+def test_the_lag_probe_skips_an_unreachable_ledger_and_answers_the_others(
+        isolated: Isolated) -> None:
+    """One ledger down, another behind on an empty topic: the probe reads the reachable
+    one's partitions at once (an end of partition is lag 0) and leaves the other alone."""
+    from settlement.status import probe_lag_seconds
+
+    ledgers = {"a": {"reachable": False, "error": "down"},
+               "b": {"reachable": True,
+                     "partitions": {str(p): {"lag": 1, "stored": 0} for p in range(3)}}}
+    t0 = time.monotonic()
+    probe_lag_seconds(isolated.settings, ledgers)
+    assert [o["lag"] for o in ledgers["b"]["partitions"].values()] == [0, 0, 0]
+    assert time.monotonic() - t0 < 5  # answered by the end of each partition, not a timeout
+    assert ledgers["a"] == {"reachable": False, "error": "down"}
