@@ -15,7 +15,7 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup jvm-archive browser promtool iptables env jars up down status migrate test test-quick test-down lint docs demo \
-	airflow bench classifier clean stack-build stack-up stack-drill stack-soak stack-down stack-logs
+	airflow bench classifier clean stack-build stack-up stack-wan stack-drill stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -23,7 +23,7 @@ help:
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make docs   - regenerate docs/reference/ (configuration, CLI) from the code"
 	@echo "make up | down | status | migrate | lint | bench | clean"
-	@echo "make stack-build | stack-up | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
+	@echo "make stack-build | stack-up [WAN_RTT_MS=2] | stack-wan WAN_RTT_MS=N | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
 setup: env jars classifier jvm-archive
 
@@ -174,8 +174,15 @@ demo: setup
 # prints one JSON object as its last stdout line.
 DATE ?= $(shell date +%F)
 TRADES ?= 20000
+# WAN_RTT_MS: the round trip between site A, site B and the witness (0: direct links).
+WAN_RTT_MS ?= 2
 stack-up: setup
-	$(SETTLE) stack up --json
+	$(SETTLE) stack up --wan-rtt-ms $(WAN_RTT_MS) --json
+# The running stack's WAN changed in place:
+# make stack-wan WAN_RTT_MS=20 [WAN_JITTER_MS=4] [WAN_LOSS=0.001].
+stack-wan: env
+	$(SETTLE) stack wan --wan-rtt-ms $(WAN_RTT_MS) --wan-jitter-ms $(or $(WAN_JITTER_MS),0) \
+	  --wan-loss $(or $(WAN_LOSS),0) --json
 # The engine, Compose and every image, nothing started (stack-up does it first anyway).
 stack-build: setup
 	$(SETTLE) stack build --json

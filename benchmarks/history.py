@@ -39,15 +39,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ingest import steady
+from benchmarks.ingest import copy_into, copy_lines, steady
 from benchmarks.settlement import MIXES, SQL_NETTING, cold_close, namespace
-from consumers.parse import trade_copy_line
 from consumers.site import Site, SiteOptions
 from settlement import services
 from settlement.config import Settings, load_settings
 from settlement.db import connect
 from settlement.drills.namespace import drop_namespace
-from settlement.simulator.gateway import DayGenerator, SimulationSpec, simulate
+from settlement.simulator.gateway import SimulationSpec, simulate
 
 DATE = "2026-11-24"
 PARTITIONS = 6
@@ -151,19 +150,10 @@ def load_history(s: Settings, days: int, per_day: int) -> dict[str, Any]:
 def copy_next_day(s: Settings, n: int) -> dict[str, Any]:
     """COPY ``n`` trades of the day after DATE into the ledger (timed), then remove them."""
     nxt = (dt.date.fromisoformat(DATE) + dt.timedelta(days=1)).isoformat()
-    gen = DayGenerator(SimulationSpec(nxt, n, seed=2), PARTITIONS)
-    lines = [trade_copy_line(json.loads(t.value()), t.partition, i, "c")
-             for i, t in enumerate(gen.trades())]
+    lines = copy_lines(n, PARTITIONS, nxt, seed=2)
     admin = s.for_component("admin")
     with connect(admin.ledger_dsn("a")) as conn:
-        t0 = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(
-                "copy trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
-                " price, quantity, buyer, seller, executed_at, site) from stdin") as copy:
-            for i in range(0, len(lines), 20_000):
-                copy.write("".join(lines[i:i + 20_000]))
-        conn.commit()
-        secs = time.perf_counter() - t0
+        secs = copy_into(conn, lines)
         conn.execute("delete from trades where trade_date = %s", (nxt,))
         conn.commit()
     return {"trades": n, "seconds": round(secs, 2), "trades_per_second": round(n / secs)}

@@ -26,6 +26,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from consumers.parse import decode, trade_copy_line
@@ -155,25 +157,32 @@ def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
     return {"trades": n, "seconds": round(secs, 3), "trades_per_second": round(n / secs)}
 
 
-def copy_lines(trades: int, partitions: int) -> list[str]:
-    """The day's COPY lines, built once for all the ceiling's runs (outside what is timed)."""
-    gen = DayGenerator(SimulationSpec(DATE, trades, seed=1), partitions)
+def copy_lines(trades: int, partitions: int, trade_date: str = DATE,
+               seed: int = 1) -> list[str]:
+    """A simulated day's trades (each once, as the ledger holds them) as COPY lines, built
+    before anything is timed."""
+    gen = DayGenerator(SimulationSpec(trade_date, trades, seed=seed), partitions)
     return [trade_copy_line(json.loads(t.value()), t.partition, i, "c")
             for i, t in enumerate(gen.trades())]
+
+
+def copy_into(conn: psycopg.Connection, lines: list[str], table: str = "trades") -> float:
+    """``lines`` COPYed into ``table`` and committed, in one transaction: its seconds."""
+    t0 = time.perf_counter()
+    with conn.cursor() as cur, cur.copy(
+        f"copy {table} (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
+        " price, quantity, buyer, seller, executed_at, site) from stdin"
+    ) as copy:
+        for i in range(0, len(lines), 20_000):
+            copy.write("".join(lines[i:i + 20_000]))
+    conn.commit()
+    return time.perf_counter() - t0
 
 
 def bench_copy(settings: Settings, lines: list[str]) -> dict[str, Any]:
     trades = len(lines)
     with connect(settings.ledger_dsn("a")) as conn:
-        t0 = time.perf_counter()
-        with conn.cursor() as cur, cur.copy(
-            "copy trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
-            " price, quantity, buyer, seller, executed_at, site) from stdin"
-        ) as copy:
-            for i in range(0, len(lines), 20_000):
-                copy.write("".join(lines[i:i + 20_000]))
-        conn.commit()
-        secs = time.perf_counter() - t0
+        secs = copy_into(conn, lines)
     return {"trades": trades, "seconds": round(secs, 3), "trades_per_second": round(trades / secs)}
 
 

@@ -742,6 +742,26 @@ def _make(*args: str, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _commits_cross_the_wan(rtt_ms: float) -> None:
+    """Commits on the settlement primary from this host (not delayed) take the round trip to
+    the other site's synchronous standby: the WAN is between the members."""
+    from settlement.stack.compose import open_stack
+    from settlement.stack.partition_drill import admin_dsn
+
+    dsn = admin_dsn(open_stack(ROOT, print), ("a", "b"), "postgres")
+    with psycopg.connect(dsn + "&target_session_attrs=read-write", autocommit=True) as conn:
+        conn.execute("create table if not exists wan_probe (id bigserial primary key)")
+        times = []
+        for _ in range(21):
+            t0 = time.perf_counter()
+            # A logged write: its commit waits for the standby (a bare xid's would not).
+            conn.execute("insert into wan_probe default values")
+            times.append((time.perf_counter() - t0) * 1000)
+        conn.execute("drop table wan_probe")
+    median = sorted(times)[10]
+    assert median >= rtt_ms * 0.95, f"commits took {median:.2f} ms: no WAN between members"
+
+
 @pytest.mark.stack
 @pytest.mark.services
 def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
@@ -789,6 +809,10 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
         assert again["stale_removed"] is False  # its own volumes are kept
         same = set(up) - {"seconds", "stale_removed"}
         assert {k: again[k] for k in same} == {k: up[k] for k in same}
+        # The locations are a metro apart (issue 57): a commit on the primary waits for its
+        # synchronous standby across the WAN.
+        assert up["wan_rtt_ms"] == 2.0 and up["wan_rules"] > 0, up
+        _commits_cross_the_wan(rtt_ms=2.0)
         # Kafka spans the three locations: one replica of each partition at a, b, witness.
         _replicas_are_one_per_site(env, secrets["airflow_ca"])
         # Airflow: HTTPS verified against the stack's CA; nothing listens beyond loopback.

@@ -176,8 +176,7 @@ def test_the_lag_probe_skips_an_unreachable_ledger_and_answers_the_others(
     ledgers = {"a": {"reachable": False, "error": "down"},
                "b": {"reachable": True,
                      "partitions": {str(p): {"lag": 1, "stored": 0} for p in range(3)}}}
-    t0 = time.monotonic()
     probe_lag_seconds(isolated.settings, ledgers)
+    # Lag 0: answered by the end of each partition (a timeout would leave the lag as it was).
     assert [o["lag"] for o in ledgers["b"]["partitions"].values()] == [0, 0, 0]
-    assert time.monotonic() - t0 < 5  # answered by the end of each partition, not a timeout
     assert ledgers["a"] == {"reachable": False, "error": "down"}

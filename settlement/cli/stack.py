@@ -8,18 +8,20 @@ from typing import Any
 
 from settlement.cli.common import CommandFailed, Subparsers, add_command, console, date
 from settlement.config import ConfigError, Settings
+from settlement.stack import DEFAULT_WAN_RTT_MS
 
 
 def register(sub: Subparsers) -> None:
     sp = add_command(sub, "stack", "the docker-compose deployment on this machine (images "
                                    "built here, host networking on loopback)", cmd_stack)
-    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak"],
+    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak", "wan"],
                     help="build: engine, Compose and images only, nothing started; "
                          "up: engine, images, .env, certificates, then every service healthy; "
                          "down: remove containers and volumes; drill: a faulty day, site-a "
                          "killed, the close run by the stack's scheduler; soak: --days "
                          "compressed trading days, each close created by the scheduler from "
-                         "its timetable, a random site killed in each")
+                         "its timetable, a random site killed in each; wan: set the running "
+                         "stack's --wan-rtt-ms (and --wan-loss) between its locations")
     sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
@@ -44,6 +46,15 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--days", type=int, default=3, help="soak: trading days")
     sp.add_argument("--minutes", type=int, default=4, choices=[2, 3, 4, 5, 6, 10],
                     help="soak: minutes between two closes")
+    sp.add_argument("--wan-rtt-ms", type=float, default=DEFAULT_WAN_RTT_MS,
+                    help="up, wan: the round trip between site A, site B and the witness in "
+                         "ms (0: direct links; default %(default)s, two data centres in one "
+                         "metro); each location's own traffic stays direct")
+    sp.add_argument("--wan-jitter-ms", type=float, default=0.0,
+                    help="wan: how much the round trip varies either way, in ms (packets "
+                         "keep their order)")
+    sp.add_argument("--wan-loss", type=float, default=0.0,
+                    help="wan: the fraction of packets between the locations dropped")
     sp.add_argument("--cron", default="none",
                     help="up: eod_settlement's schedule in the stack (a cron expression, or "
                          "none: runs only when created)")
@@ -68,7 +79,13 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     if args.action == "build":
         return compose.build(root, log)
     if args.action == "up":
-        return compose.up(root, log, cron=args.cron)
+        return compose.up(root, log, cron=args.cron, wan_rtt_ms=args.wan_rtt_ms)
+    if args.action == "wan":
+        from settlement.stack import wan
+
+        stack = compose.open_stack(root, log)
+        return wan.apply(root, stack.state, args.wan_rtt_ms, log, args.wan_loss,
+                         args.wan_jitter_ms).describe()
     if args.action == "down":
         from settlement.stack.netcut import heal
 

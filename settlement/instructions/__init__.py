@@ -9,6 +9,7 @@ once per published run, answers applied all or nothing), ``files`` (CSV and ISO 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,8 @@ def write_summary(settings: Settings, day: InstructionSet, path: Path | None = N
     only, as the instructions, and in ccp mode the members' obligations per instrument
     beside it (``-obligations.csv``). Returns the paths, the member lines (``members``) and
     the money lines' rounding residual."""
-    from settlement.instructions.calendar import SettlementCalendar
-
-    members, residual, owed = summary.for_set(
-        settings.for_component("settlement").settlement_dsn, day,
-        SettlementCalendar.from_settings(settings), minor_units(settings.settlement_currency))
+    members, residual, owed = _for_set(
+        settings, day, settings.for_component("settlement").settlement_dsn)
     path = path or default_path(Path(settings.reports_dir), day, "csv", "summary")
     write_private(path, summary.to_csv(members))
     out: dict[str, Any] = {"summary_path": str(path), "members": members,
@@ -104,10 +102,16 @@ def write_summary(settings: Settings, day: InstructionSet, path: Path | None = N
 def member_summary(settings: Settings, day: InstructionSet, dsn: str
                    ) -> list[summary.MemberLine]:
     """The set's per-member lines with their money lines, read at ``dsn``."""
+    return _for_set(settings, day, dsn)[0]
+
+
+def _for_set(settings: Settings, day: InstructionSet, dsn: str
+             ) -> tuple[list[summary.MemberLine], Decimal, list[list[str]]]:
+    """summary.for_set with the settings' calendar and currency."""
     from settlement.instructions.calendar import SettlementCalendar
 
     return summary.for_set(dsn, day, SettlementCalendar.from_settings(settings),
-                           minor_units(settings.settlement_currency))[0]
+                           minor_units(settings.settlement_currency))
 
 
 def write_files(settings: Settings, trade_date: str,

@@ -13,7 +13,7 @@ from typing import Any
 
 from settlement.errors import ServiceError
 from settlement.services.procs import port_free
-from settlement.stack import envfile
+from settlement.stack import DEFAULT_WAN_RTT_MS, envfile
 from settlement.stack.airflow_api import AirflowApi
 from settlement.stack.engine import (
     Log,
@@ -263,8 +263,13 @@ def build(root: Path, log: Log) -> dict[str, Any]:
     return {"images": images, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
-    """Engine, images, .env and certificates, then the stack; returns how to reach it."""
+def up(root: Path, log: Log, cron: str = "none",
+       wan_rtt_ms: float = DEFAULT_WAN_RTT_MS) -> dict[str, Any]:
+    """Engine, images, .env and certificates, then the stack, its locations ``wan_rtt_ms``
+    apart; returns how to reach it."""
+    from settlement.stack import wan  # netcut, under it, imports this module
+
+    wan.check_rtt(wan_rtt_ms)
     t0 = time.monotonic()
     stack = open_stack(root, log)
     build_images(root, root / ".cache" / "jars" / "kafka", log)
@@ -281,9 +286,11 @@ def up(root: Path, log: Log, cron: str = "none") -> dict[str, Any]:
     except ServiceError as exc:
         raise ServiceError(f"{exc}{_why_services_failed(stack)}") from None
     wait_ready(stack, log)
+    # After the wait: the WAN's rules name the containers running now and their ports.
+    link = wan.apply(root, stack.state, wan_rtt_ms, log)
     # Now that compose replaced (or removed) every container an older build ran.
     prune_left_builds()
-    return {**client_info(stack), "stale_removed": removed,
+    return {**client_info(stack), **link.describe(), "stale_removed": removed,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -295,6 +302,9 @@ def down(root: Path, log: Log) -> dict[str, Any]:
     if not stack.env_path.exists():
         return {"removed": False, "reason": "no stack .env: nothing was started",
                 "engine_stopped": stop_engine_if_ours(stack.state, log)}
+    from settlement.stack import wan
+
+    wan.clear(stack.state, log)
     _remove(stack)
     prune_left_builds()
     return {"removed": True, "engine_stopped": stop_engine_if_ours(stack.state, log)}

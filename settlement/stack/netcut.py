@@ -16,8 +16,9 @@ reads) still reach every location, and traffic within a location flows.
 Chosen over the alternatives issue 57 names: this kernel has no netem qdisc (`tc qdisc add
 ... netem` is refused), so network namespaces joined by veth pairs could only cut, not delay,
 and would readdress every service; a fault proxy (Toxiproxy) would put a hop into every
-cross-site path and needs per-site Kafka listeners. WAN latency is therefore not modelled
-here (docs/operations.md says so).
+cross-site path and needs per-site Kafka listeners. The WAN's latency is added the same way
+(settlement/stack/wan.py: the same matches send cross-location packets to a user-space
+queue that holds them).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Location:
     ports: frozenset[int]  # TCP ports its containers listen on
 
 
-def _iptables(*args: str, table: str = "filter", check: bool = True) -> bool:
+def iptables(*args: str, table: str = "filter", check: bool = True) -> bool:
     done = run(["iptables", "-w", "5", "-t", table, *args], check=False, timeout=30)
     if check and done.returncode != 0:
         raise ServiceError(f"iptables -t {table} {' '.join(args)} failed: "
@@ -119,22 +120,38 @@ def chunks(ports: Iterable[int]) -> Iterator[str]:
 
 
 def _ensure_chain(chain: str, table: str) -> None:
-    _iptables("-N", chain, table=table, check=False)  # exists already: fine
-    if not _iptables("-C", "OUTPUT", "-j", chain, table=table, check=False):
-        _iptables("-I", "OUTPUT", "-j", chain, table=table)
+    iptables("-N", chain, table=table, check=False)  # exists already: fine
+    if not iptables("-C", "OUTPUT", "-j", chain, table=table, check=False):
+        iptables("-I", "OUTPUT", "-j", chain, table=table)
 
 
-def _mark_openers(locations: dict[str, Location]) -> None:
-    """Each connection from one location to another's port carries the opener's mark."""
-    _ensure_chain(MARK_CHAIN, "mangle")
-    _iptables("-F", MARK_CHAIN, table="mangle")
+def mark_openers(locations: dict[str, Location], chain: str = MARK_CHAIN) -> None:
+    """Each connection from one location to another's port carries the opener's mark (rules
+    appended to ``chain`` of the mangle table, which the caller made)."""
     for loc in locations.values():
         others = set().union(*(o.ports for o in locations.values() if o.name != loc.name))
         for cid in loc.containers:
             for chunk in chunks(others):
-                _iptables("-A", MARK_CHAIN, "-m", "cgroup", "--path", f"/docker/{cid}",
+                iptables("-A", chain, "-m", "cgroup", "--path", f"/docker/{cid}",
                           "-p", "tcp", "-m", "multiport", "--dports", chunk,
                           "-j", "CONNMARK", "--set-mark", hex(MARKS[loc.name]), table="mangle")
+
+
+def ensure_chain(chain: str, table: str) -> None:
+    """``chain`` exists, empty, and OUTPUT jumps to it."""
+    _ensure_chain(chain, table)
+    iptables("-F", chain, table=table)
+
+
+def remove_chain(chain: str, table: str) -> bool:
+    """OUTPUT's jumps to ``chain`` and the chain itself gone; True if it was there."""
+    if not iptables("-n", "-L", chain, table=table, check=False):
+        return False
+    while iptables("-D", "OUTPUT", "-j", chain, table=table, check=False):
+        pass
+    iptables("-F", chain, table=table)
+    iptables("-X", chain, table=table, check=False)
+    return True
 
 
 def _drop(sender: Location, receivers: list[Location]) -> int:
@@ -144,11 +161,11 @@ def _drop(sender: Location, receivers: list[Location]) -> int:
     for cid in sender.containers:
         path = ["-m", "cgroup", "--path", f"/docker/{cid}"]
         for chunk in chunks(ports):
-            _iptables("-A", CUT_CHAIN, *path, "-p", "tcp", "-m", "multiport",
+            iptables("-A", CUT_CHAIN, *path, "-p", "tcp", "-m", "multiport",
                       "--dports", chunk, "-j", "DROP")
             added += 1
         for r in receivers:
-            _iptables("-A", CUT_CHAIN, *path, "-m", "connmark", "--mark",
+            iptables("-A", CUT_CHAIN, *path, "-m", "connmark", "--mark",
                       hex(MARKS[r.name]), "-j", "DROP")
             added += 1
     return added
@@ -172,9 +189,9 @@ def cut(isolated: str, others: Iterable[str], log: Log, both_ways: bool = True) 
     missing = [n for n in (isolated, *names) if n not in locations]
     if missing:
         raise ServiceError(f"no running container at {', '.join(missing)}: is the stack up?")
-    _ensure_chain(CUT_CHAIN, "filter")
-    _iptables("-F", CUT_CHAIN)
-    _mark_openers(locations)
+    ensure_chain(CUT_CHAIN, "filter")
+    ensure_chain(MARK_CHAIN, "mangle")
+    mark_openers(locations)
     time.sleep(1)  # live connections' next packets carry their opener's mark
     victim, rest = locations[isolated], [locations[n] for n in names]
     rules = _drop(victim, rest)
@@ -194,12 +211,7 @@ def heal(log: Log | None = None) -> bool:
         return False
     had = False
     for chain, table in ((CUT_CHAIN, "filter"), (MARK_CHAIN, "mangle")):
-        if _iptables("-n", "-L", chain, table=table, check=False):
-            had = True
-            while _iptables("-D", "OUTPUT", "-j", chain, table=table, check=False):
-                pass
-            _iptables("-F", chain, table=table)
-            _iptables("-X", chain, table=table, check=False)
+        had = remove_chain(chain, table) or had
     if had and log:
         log("healed: every cut between the locations removed")
     return had

@@ -49,7 +49,7 @@ from settlement.stack.site_drill import (
 PROBE_DB = "settle_drill_probe"
 
 
-def _admin_dsn(stack: Stack, sites_: tuple[str, ...], db: str) -> str:
+def admin_dsn(stack: Stack, sites_: tuple[str, ...], db: str) -> str:
     """The cluster's admin on the members of ``sites_`` (in order), TLS verified, with the
     admin's client certificate (no server takes the admin over TCP without it)."""
     from settlement.stack import envfile
@@ -144,7 +144,7 @@ def standby_cut(stack: Stack, standby: str, primary: str, broker: int, log: Log,
     """Cut the standby's site off for ``cut_s`` while a writer commits on the primary: the
     longest wait for a commit after the cut, how many commits were acknowledged, and
     whether the site was whole again after the heal (the next drill switches over to it)."""
-    acks = AckProbe(_admin_dsn(stack, (primary,), PROBE_DB)).start()
+    acks = AckProbe(admin_dsn(stack, (primary,), PROBE_DB)).start()
     others = tuple(x for x in ("a", "b", "witness") if x != standby)
     with netcut.partitioned(standby, others, log) as cut:
         time.sleep(cut_s)
@@ -168,9 +168,9 @@ def site_partition(stack: Stack, trade_date: str, trades: int, site: str, log: L
     sites.make_primary(stack, site, log)
     primary_before = sites.primary_site(stack)
     broker = sites.broker_of(stack, site)
-    both = _admin_dsn(stack, (site, survivor), "settlement")
+    both = admin_dsn(stack, (site, survivor), "settlement")
     AckProbe.prepare(both)
-    acks = AckProbe(_admin_dsn(stack, (site,), PROBE_DB)).start()
+    acks = AckProbe(admin_dsn(stack, (site,), PROBE_DB)).start()
     gateway, share = start_trading(stack, settings, trade_date, trades, seed, log,
                                    rate=max(1, trades // LOSS_DAY_S) if at == "ingest" else None)
     cut_close: tuple[Any, str] | None = None
@@ -240,9 +240,9 @@ def quiet_partition(stack: Stack, fault: str, trade_date: str, trades: int, isol
     settings = stack_settings(stack)
     sites.make_primary(stack, primary, log)
     others = tuple(x for x in ("a", "b", "witness") if x != isolated)
-    both = _admin_dsn(stack, (primary, sites.other(primary)), "settlement")
+    both = admin_dsn(stack, (primary, sites.other(primary)), "settlement")
     AckProbe.prepare(both)
-    acks = AckProbe(_admin_dsn(stack, (primary,), PROBE_DB)).start()
+    acks = AckProbe(admin_dsn(stack, (primary,), PROBE_DB)).start()
     gateway, share = start_trading(stack, settings, trade_date, trades, seed, log,
                                    rate=max(1, trades // LOSS_DAY_S))
     wait_for_share(settings.ledger_dsn("shared"), primary, share, 0.3, timeout=600,
