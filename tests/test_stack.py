@@ -711,6 +711,7 @@ def _partition_passed(result: dict[str, Any]) -> None:
     other site, nothing the cut-off primary acknowledged missing, that primary stopped before
     the other took writes, and the site whole again after the heal."""
     assert result["fault"] == "site-partition" and result["site_lost"] == "a", result
+    assert result["wan_rtt_ms"] == 2.0, result  # cut across the default WAN, not 0 ms
     assert result["lost"] == 0 and result["duplicated"] == 0, result
     assert result["publications"] == 1 and result["closed_by"] == "b", result
     assert result["dag_run_state"] == "success" and result["positions_match"] is True, result

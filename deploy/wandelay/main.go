@@ -99,7 +99,10 @@ func main() {
 	go func() {
 		for p := range pending {
 			if wait := time.Until(p.due); wait > 0 {
-				time.Sleep(wait)
+				// nanosleep, not time.Sleep: Go's timers wait on epoll in whole milliseconds
+				// here, which held every packet about a millisecond too long.
+				ts := syscall.NsecToTimespec(int64(wait))
+				_ = syscall.Nanosleep(&ts, nil)
 			}
 			verdict := nfqueue.NfAccept
 			if *loss > 0 && rand.Float64() < *loss {

@@ -118,7 +118,10 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
             from settlement.stack.drill import run_stack_drill
 
             result = run_stack_drill(stack, args.date, args.trades, log, seed=args.seed)
+    from settlement.stack import wan
     from settlement.stack.monitoring import push_verdict
+
+    result["wan_rtt_ms"] = wan.current(stack.state).rtt_ms  # what the drill ran across
 
     # The verdict where the DrillOrSoakFailing alert reads it.
     kind = "soak" if args.action == "soak" else (args.fault or "stack")
