@@ -45,7 +45,7 @@ promtool:
 # silent (tests/test_failure_detection.py fails without it).
 iptables:
 	@command -v iptables >/dev/null || { \
-	  echo "installing Debian's iptables for the failure-detection tests..."; \
+	  echo "installing Debian's iptables (the failure-detection tests, the stack's WAN and cuts)..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends iptables >/dev/null; }
 
@@ -176,11 +176,11 @@ DATE ?= $(shell date +%F)
 TRADES ?= 20000
 # WAN_RTT_MS: the round trip between site A, site B and the witness (0: direct links).
 WAN_RTT_MS ?= 2
-stack-up: setup
+stack-up: setup iptables
 	$(SETTLE) stack up --wan-rtt-ms $(WAN_RTT_MS) --json
 # The running stack's WAN changed in place:
 # make stack-wan WAN_RTT_MS=20 [WAN_JITTER_MS=4] [WAN_LOSS=0.001].
-stack-wan: env
+stack-wan: env iptables
 	$(SETTLE) stack wan --wan-rtt-ms $(WAN_RTT_MS) --wan-jitter-ms $(or $(WAN_JITTER_MS),0) \
 	  --wan-loss $(or $(WAN_LOSS),0) --json
 # The engine, Compose and every image, nothing started (stack-up does it first anyway).

@@ -16,7 +16,8 @@ witness), a trading day of its own on the one topic, in order:
              transaction: what the database takes at this round trip, ingest's ceiling
   close    - eod_settlement created through Airflow's REST API at site A, as an operator
              does: the run's wall time and the close's own (settlement_runs)
-Prints one JSON object; the WAN is set back to what it was.
+Ratios are against the round with the shortest round trip, measured in the same run. Prints
+one JSON object; the WAN is set back to what it was.
 """
 
 from __future__ import annotations
@@ -178,10 +179,13 @@ def main() -> None:
     finally:
         stack.compose("start", "site-a", "site-b", check=False)
         wan.apply(ROOT, stack.state, before.rtt_ms, say, before.loss, before.jitter_ms)
-    base = rounds[0]
+    base = min(rounds, key=lambda r: r["rtt_ms"])  # the baseline: the shortest round trip
     for r in rounds:
-        r["close_vs_first"] = round(r["close"]["close_seconds"] / base["close"]["close_seconds"],
-                                    2)
+        r["close_vs_shortest"] = round(r["close"]["close_seconds"]
+                                       / base["close"]["close_seconds"], 2)
+        rate, base_rate = (x["ingest"]["steady_trades_per_second"] for x in (r, base))
+        if rate and base_rate:  # a small day has no steady stretch to take
+            r["ingest_vs_shortest"] = round(rate / base_rate, 2)
     print(json.dumps({"trades": args.trades, "rounds": rounds}, indent=2))
 
 
