@@ -21,7 +21,8 @@ def register(sub: Subparsers) -> None:
                          "killed, the close run by the stack's scheduler; soak: --days "
                          "compressed trading days, each close created by the scheduler from "
                          "its timetable, a random site killed in each; wan: set the running "
-                         "stack's --wan-rtt-ms (and --wan-loss) between its locations")
+                         "stack's --wan-rtt-ms (--wan-jitter-ms, --wan-loss) between its "
+                         "locations")
     sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")

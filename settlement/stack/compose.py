@@ -295,6 +295,9 @@ def up(root: Path, log: Log, cron: str = "none",
 
 
 def down(root: Path, log: Log) -> dict[str, Any]:
+    from settlement.stack import wan
+
+    wan.clear(state_dir(root), log)  # the delayer is a host process: stopped engine or not
     if not engine_answers():  # never start an engine only to find nothing in it
         return {"removed": False, "reason": "no Docker engine runs: nothing to remove",
                 "engine_stopped": stop_engine_if_ours(state_dir(root), log)}
@@ -302,9 +305,6 @@ def down(root: Path, log: Log) -> dict[str, Any]:
     if not stack.env_path.exists():
         return {"removed": False, "reason": "no stack .env: nothing was started",
                 "engine_stopped": stop_engine_if_ours(stack.state, log)}
-    from settlement.stack import wan
-
-    wan.clear(stack.state, log)
     _remove(stack)
     prune_left_builds()
     return {"removed": True, "engine_stopped": stop_engine_if_ours(stack.state, log)}

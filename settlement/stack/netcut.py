@@ -133,8 +133,8 @@ def mark_openers(locations: dict[str, Location], chain: str = MARK_CHAIN) -> Non
         for cid in loc.containers:
             for chunk in chunks(others):
                 iptables("-A", chain, "-m", "cgroup", "--path", f"/docker/{cid}",
-                          "-p", "tcp", "-m", "multiport", "--dports", chunk,
-                          "-j", "CONNMARK", "--set-mark", hex(MARKS[loc.name]), table="mangle")
+                         "-p", "tcp", "-m", "multiport", "--dports", chunk,
+                         "-j", "CONNMARK", "--set-mark", hex(MARKS[loc.name]), table="mangle")
 
 
 def ensure_chain(chain: str, table: str) -> None:
@@ -162,11 +162,11 @@ def _drop(sender: Location, receivers: list[Location]) -> int:
         path = ["-m", "cgroup", "--path", f"/docker/{cid}"]
         for chunk in chunks(ports):
             iptables("-A", CUT_CHAIN, *path, "-p", "tcp", "-m", "multiport",
-                      "--dports", chunk, "-j", "DROP")
+                     "--dports", chunk, "-j", "DROP")
             added += 1
         for r in receivers:
             iptables("-A", CUT_CHAIN, *path, "-m", "connmark", "--mark",
-                      hex(MARKS[r.name]), "-j", "DROP")
+                     hex(MARKS[r.name]), "-j", "DROP")
             added += 1
     return added
 

@@ -103,11 +103,11 @@ def _queue(sender: Location, receivers: list[Location]) -> int:
         path = ["-m", "cgroup", "--path", f"/docker/{cid}"]
         for chunk in chunks(ports):
             iptables("-A", WAN_CHAIN, *path, "-p", "tcp", "-m", "multiport", "--dports", chunk,
-                      *target, table="mangle")
+                     *target, table="mangle")
             added += 1
         for r in receivers:
             iptables("-A", WAN_CHAIN, *path, "-m", "connmark", "--mark", hex(MARKS[r.name]),
-                      *target, table="mangle")
+                     *target, table="mangle")
             added += 1
     return added
 
