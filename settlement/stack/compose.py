@@ -13,7 +13,7 @@ from typing import Any
 
 from settlement.errors import ServiceError
 from settlement.services.procs import port_free
-from settlement.stack import DEFAULT_WAN_RTT_MS, envfile
+from settlement.stack import DEFAULT_WAN_RTT_MS, PROJECT, PROJECT_FILTER, envfile
 from settlement.stack.airflow_api import AirflowApi
 from settlement.stack.engine import (
     Log,
@@ -25,8 +25,6 @@ from settlement.stack.engine import (
 )
 from settlement.stack.images import build_images, prune_left_builds
 
-PROJECT = "dual-site-settlement"
-PROJECT_FILTER = f"label=com.docker.compose.project={PROJECT}"  # `docker ps`/`volume ls`
 OVERRIDE = envfile.OVERRIDE_FILE
 # Run once and exit 0; everything else keeps running (and is healthy, where it says how).
 ONE_SHOT = ("kafka-init", "migrate", "migrate-a", "migrate-b",
@@ -267,7 +265,7 @@ def up(root: Path, log: Log, cron: str = "none",
        wan_rtt_ms: float = DEFAULT_WAN_RTT_MS) -> dict[str, Any]:
     """Engine, images, .env and certificates, then the stack, its locations ``wan_rtt_ms``
     apart; returns how to reach it."""
-    from settlement.stack import wan  # netcut, under it, imports this module
+    from settlement.stack import wan
 
     wan.check_rtt(wan_rtt_ms)
     t0 = time.monotonic()

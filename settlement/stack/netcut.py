@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from settlement.errors import ServiceError
-from settlement.stack.compose import PROJECT_FILTER
+from settlement.stack import PROJECT_FILTER
 from settlement.stack.engine import Log, run
 
 CUT_CHAIN = "SETTLE-CUT"  # filter table: the drops
