@@ -15,7 +15,7 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup jvm-archive browser promtool iptables env jars up down status migrate test test-quick test-down lint docs demo \
-	airflow bench classifier clean stack-build stack-up stack-wan stack-drill stack-soak stack-down stack-logs
+	airflow bench classifier clean stack-build stack-up stack-wan stack-drill stack-backup stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -23,7 +23,7 @@ help:
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make docs   - regenerate docs/reference/ (configuration, CLI) from the code"
 	@echo "make up | down | status | migrate | lint | bench | clean"
-	@echo "make stack-build | stack-up [WAN_RTT_MS=2] | stack-wan WAN_RTT_MS=N | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a] DATE=YYYY-MM-DD TRADES=N | stack-soak DAYS=3 MINUTES=4 | stack-down"
+	@echo "make stack-build | stack-up [WAN_RTT_MS=2] | stack-wan WAN_RTT_MS=N | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a|point-in-time] DATE=YYYY-MM-DD TRADES=N | stack-backup [TYPE=incr] | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
 setup: env jars classifier jvm-archive
 
@@ -192,11 +192,17 @@ stack-build: setup
 # mid-day, or while the site's own close holds the date);
 # FAULT=witness-partition: the witness cut off. FAULT=switchover-at-commit: a close frozen
 # around its publishing commit while the settlement primary switches over (issue 56's crash
-# points on the stack). Without FAULT, site-a's consumer is killed.
+# points on the stack). FAULT=point-in-time: DATE's published rows deleted by mistake as the
+# admin, then restored from the backups as of the moment before (make stack-backup first, or it
+# takes a full one). Without FAULT, site-a's consumer is killed.
 stack-drill: setup
 	$(SETTLE) stack drill --date $(DATE) --trades $(TRADES) $(if $(FAULT),--fault $(FAULT) --site $(or $(SITE),a)) $(if $(AT),--at $(AT)) --json
 DAYS ?= 3
 MINUTES ?= 4
+# A backup of the settlement cluster into the repository at the witness (pgBackRest):
+# TYPE=full|diff|incr (default incr; full when there is none yet).
+stack-backup: setup
+	$(SETTLE) stack backup --backup-type $(or $(TYPE),incr) --json
 stack-soak: setup
 	$(SETTLE) stack soak --days $(DAYS) --minutes $(MINUTES) --trades $(TRADES) --json
 stack-down: env

@@ -164,6 +164,11 @@ CN=settle issue ca postgres-admin 10001 client
 # The same login for the operator who ran this script (a drill's probes, an emergency psql):
 # a key pair of its own, owned by that user (libpq takes a key only from its owner or root).
 CN=settle issue ca postgres-admin-operator "$EUID" client
+# pgBackRest (issue 60): the repository at the witness (reached as `backup`) and each member's
+# server (reached by the member's name), each a TLS server and the other's client. Each side
+# accepts the other's certificate by its name (tls-server-auth, deploy/pgbackrest/).
+issue ca pgbackrest-repo 999 peer DNS:backup
+for m in postgres-a postgres-b; do issue ca "pgbackrest-$m" 999 peer "DNS:$m"; done
 # etcd's members (uid 998: deploy/local/etcd.Dockerfile) and Patroni's logins to etcd.
 for m in etcd-a etcd-b etcd-witness; do issue etcd-ca "$m" 998 peer; done
 for m in postgres-a postgres-b; do issue etcd-ca "patroni-$m" 999 client; done

@@ -14,7 +14,7 @@ from settlement.stack import DEFAULT_WAN_RTT_MS
 def register(sub: Subparsers) -> None:
     sp = add_command(sub, "stack", "the docker-compose deployment on this machine (images "
                                    "built here, host networking on loopback)", cmd_stack)
-    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak", "wan"],
+    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak", "wan", "backup"],
                     help="build: engine, Compose and images only, nothing started; "
                          "up: engine, images, .env, certificates, then every service healthy; "
                          "down: remove containers and volumes; drill: a faulty day, site-a "
@@ -22,13 +22,14 @@ def register(sub: Subparsers) -> None:
                          "compressed trading days, each close created by the scheduler from "
                          "its timetable, a random site killed in each; wan: set the running "
                          "stack's --wan-rtt-ms (--wan-jitter-ms, --wan-loss) between its "
-                         "locations")
+                         "locations; backup: a --backup-type backup of the settlement cluster "
+                         "into the repository at the witness (pgBackRest)")
     sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
     sp.add_argument("--fault", choices=["site-loss", "site-freeze", "site-partition",
                                         "standby-partition", "witness-partition",
-                                        "switchover-at-commit"],
+                                        "switchover-at-commit", "point-in-time"],
                     default=None,
                     help="drill: lose a whole site (every container SIGKILLed, then started "
                          "again), freeze it (docker pause past the leases), cut it off alive "
@@ -36,8 +37,10 @@ def register(sub: Subparsers) -> None:
                          "standby's; witness-partition: the witness; packets dropped, then "
                          "healed); switchover-at-commit: a close frozen just before and just "
                          "after its publishing commit while the settlement primary switches "
-                         "over, then closed again at the other site (a day each); without it, "
-                         "site-a's consumer is killed")
+                         "over, then closed again at the other site (a day each); "
+                         "point-in-time: --date's published rows deleted by mistake as the "
+                         "admin, then restored from the backups as of the moment before; "
+                         "without it, site-a's consumer is killed")
     sp.add_argument("--site", choices=["a", "b"], default="a",
                     help="drill with --fault: the site lost, frozen or cut off (for "
                          "witness-partition: the site holding the primary)")
@@ -56,6 +59,10 @@ def register(sub: Subparsers) -> None:
                          "keep their order)")
     sp.add_argument("--wan-loss", type=float, default=0.0,
                     help="wan: the fraction of packets between the locations dropped")
+    sp.add_argument("--backup-type", choices=["full", "diff", "incr"], default="incr",
+                    help="backup: full, differential (since the last full) or incremental "
+                         "(since the last backup; full when there is none); default "
+                         "%(default)s")
     sp.add_argument("--cron", default="none",
                     help="up: eod_settlement's schedule in the stack (a cron expression, or "
                          "none: runs only when created)")
@@ -93,6 +100,10 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         heal(log)  # a drill that died mid-cut leaves no dropped packets behind
         return compose.down(root, log)
     stack = compose.open_stack(root, log)
+    if args.action == "backup":
+        from settlement.stack.backup import take_backup
+
+        return take_backup(stack, args.backup_type, log)
     if args.action == "soak":
         from settlement.stack.soak import run_soak
 
@@ -106,6 +117,15 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
 
             result = run_partition_drill(stack, args.fault, args.site, args.date, args.trades,
                                          log, seed=args.seed, at=args.at)
+        elif args.fault == "point-in-time":
+            from settlement.stack.backup import point_in_time_drill
+            from settlement.stack.drill import stack_settings
+            from settlement.stack.partition_drill import admin_dsn
+            from settlement.stack.site_drill import judge
+
+            settings = stack_settings(stack)
+            result = point_in_time_drill(stack, admin_dsn(stack, ("a", "b"), "settlement"),
+                                         args.date, log, lambda d: judge(settings, d))
         elif args.fault == "switchover-at-commit":
             from settlement.stack.crash_drill import run_switchover_drill
 

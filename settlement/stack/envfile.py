@@ -82,6 +82,10 @@ PG_EXPORTER_PORTS = {"postgres-a": 27187, "postgres-b": 27188, "postgres-site-a"
                      "postgres-site-b": 27190}
 # Each site's Airflow exporter (`settle airflow-exporter`, HTTPS).
 AIRFLOW_EXPORTER_PORTS = {"a": 27601, "b": 27602}
+# pgBackRest's TLS servers (issue 60): the repository at the witness, then each cluster
+# member's (A, B), which the repository's backups read through.
+PGBACKREST_REPO_PORT = 27450
+PGBACKREST_MEMBER_PORTS = (27451, 27452)
 LISTEN_PORTS: dict[int, str] = {
     **{p: f"Kafka broker {i}" for i, p in enumerate(KAFKA_PORTS, 1)},
     **{p: f"Kafka controller {i}" for i, p in enumerate(KAFKA_CONTROLLER_PORTS, 1)},
@@ -105,6 +109,10 @@ LISTEN_PORTS: dict[int, str] = {
     **{port: f"PostgreSQL exporter of {server}" for server, port in PG_EXPORTER_PORTS.items()},
     **{port: f"site {site.upper()}'s Airflow exporter (HTTPS)"
        for site, port in AIRFLOW_EXPORTER_PORTS.items()},
+    PGBACKREST_REPO_PORT: "pgBackRest's repository (the witness, TLS)",
+    **dict(zip(PGBACKREST_MEMBER_PORTS, ("pgBackRest at the cluster's member A (TLS)",
+                                         "pgBackRest at the cluster's member B (TLS)"),
+               strict=True)),
 }
 # Where the api-server listens unless the .env says otherwise (AIRFLOW_BIND_ADDRESS, kept
 # across runs): loopback, so that logins, cookies and tokens stay on this machine.

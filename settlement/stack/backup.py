@@ -1,0 +1,287 @@
+"""The settlement cluster's backups and a point-in-time restore (issue 60), with pgBackRest.
+
+The repository is the witness's `backup` service (deploy/pgbackrest/repo.conf); whichever
+member is primary archives its WAL there (patroni.yml's archive_command). This module runs
+pgBackRest inside that service:
+
+- `ensure_stanza`: the stanza created (idempotent) and WAL archiving checked, at `stack up`;
+- `take_backup`: `make stack-backup` (full, differential or incremental);
+- `point_in_time_drill`: `make stack-drill FAULT=point-in-time DATE=D`. A published day's rows
+  are deleted by mistake as the admin; a copy of the cluster as it stood the moment before is
+  restored from the repository beside it at the witness (pgBackRest `--type=time`, then a
+  PostgreSQL on that copy); the day's rows are put back into the live cluster from it, and
+  checked against what was published before and against Kafka.
+
+Why the deleted rows are copied back rather than the whole cluster rewound: the cluster kept
+taking writes after the mistake (both sites' ingest, other days' closes, heartbeats); rewinding
+it would throw those away at both sites. The copy is restored to the same moment a rewind
+would reach, and only what the mistake removed is taken from it (docs/operations.md, "Backups
+and restore", has both runbooks).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from settlement.errors import ServiceError
+from settlement.stack.engine import Log
+
+if TYPE_CHECKING:  # compose calls ensure_stanza: no import back at run time
+    from settlement.stack.compose import Stack
+
+STANZA = "settlement"
+# Where a restored copy is made and run, inside the backup service (its repository's volume),
+# and the port naming its socket: it listens on no TCP address (listen_addresses ''), so it
+# takes no port of the host's and nobody else can reach it.
+RESTORED_DIR = "/var/lib/pgbackrest/restored"
+RESTORED_SOCKET = ("/tmp", 27453)
+# The published day's rows, each table with the condition selecting them (``{d}``: the date
+# as an SQL literal), in the order they can be deleted (children before what they reference);
+# they are put back in the reverse order. Run history (settlement_runs, close leases, re-close
+# decisions) is not in it: a mistaken DELETE of a day's results leaves it.
+_OF_DAYS_INSTRUCTIONS = ("instruction_id in (select instruction_id from settlement_instructions"
+                         " where trade_date = {d})")
+DAY_TABLES: tuple[tuple[str, str], ...] = (
+    ("instruction_answers", _OF_DAYS_INSTRUCTIONS),
+    ("instruction_marks", _OF_DAYS_INSTRUCTIONS),
+    ("instruction_statuses", _OF_DAYS_INSTRUCTIONS),
+    ("settlement_instructions", "trade_date = {d}"),
+    ("run_positions", "trade_date = {d}"),
+    ("run_cash_obligations", "trade_date = {d}"),
+    ("run_instrument_summary", "trade_date = {d}"),
+    ("positions", "trade_date = {d}"),
+    ("cash_obligations", "trade_date = {d}"),
+    ("instrument_summary", "trade_date = {d}"),
+    ("audit_reports", "trade_date = {d}"),
+    ("published_days", "trade_date = {d}"),
+)
+BACKUP_TYPES = ("full", "diff", "incr")
+
+
+def _where(condition: str, day: date) -> str:
+    # The date is a date object rendered by isoformat: never text from outside.
+    return condition.format(d=f"date '{day.isoformat()}'")
+
+
+def _exec(stack: Stack, *argv: str, timeout: float = 1800, check: bool = True,
+          env_unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """A command in the backup service, as its user (postgres)."""
+    unset = [f"-u{name}" for name in env_unset]
+    cmd = stack.compose_argv("exec", "-T", "backup", *(["env", *unset] if unset else []), *argv)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
+                          cwd=stack.root)
+    if check and proc.returncode != 0:
+        tail = (proc.stderr + proc.stdout).strip().splitlines()[-12:]
+        raise ServiceError(f"{' '.join(argv[:4])} in the backup service failed "
+                           f"(exit {proc.returncode}):\n" + "\n".join(tail))
+    return proc
+
+
+def pgbackrest(stack: Stack, *args: str, timeout: float = 1800) -> str:
+    return _exec(stack, "pgbackrest", f"--stanza={STANZA}", *args, timeout=timeout).stdout
+
+
+def ensure_stanza(stack: Stack, log: Log) -> dict[str, Any]:
+    """The stanza in the repository (created once; a second call finds it) and WAL archiving
+    checked end to end: `check` switches the primary to a new segment and waits for it to
+    reach the repository."""
+    t0 = time.monotonic()
+    pgbackrest(stack, "stanza-create", timeout=300)
+    pgbackrest(stack, "check", timeout=300)
+    log(f"backups: stanza {STANZA} ready at the witness, WAL archiving checked "
+        f"({time.monotonic() - t0:.1f} s)")
+    return {"backup_stanza": STANZA, "wal_archiving": True}
+
+
+def info(stack: Stack) -> dict[str, Any]:
+    """pgBackRest's account of the stanza: its backups (oldest first) and archived WAL."""
+    found = json.loads(pgbackrest(stack, "info", "--output=json", timeout=120) or "[]")
+    return found[0] if found else {}
+
+
+def describe_backup(entry: dict[str, Any]) -> dict[str, Any]:
+    stamp = entry.get("timestamp", {})
+    return {"label": entry.get("label"), "type": entry.get("type"),
+            "started": _iso(stamp.get("start")), "stopped": _iso(stamp.get("stop")),
+            "database_bytes": entry.get("info", {}).get("size"),
+            "repository_bytes": entry.get("info", {}).get("repository", {}).get("delta"),
+            "wal_start": entry.get("archive", {}).get("start"),
+            "wal_stop": entry.get("archive", {}).get("stop")}
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch).astimezone().isoformat()
+
+
+def take_backup(stack: Stack, kind: str, log: Log) -> dict[str, Any]:
+    """A backup of the settlement cluster's primary into the repository (an incremental or a
+    differential with no full one before it is taken full: pgBackRest's own rule)."""
+    if kind not in BACKUP_TYPES:
+        raise ValueError(f"backup type {kind!r}: choose one of {', '.join(BACKUP_TYPES)}")
+    t0 = time.monotonic()
+    log(f"backups: taking a {kind} backup of the primary into the witness's repository...")
+    pgbackrest(stack, f"--type={kind}", "backup")
+    seconds = round(time.monotonic() - t0, 1)
+    stanza = info(stack)
+    backups = stanza.get("backup", [])
+    if not backups:
+        raise ServiceError("pgBackRest reported no backup after taking one: see `docker "
+                           "compose logs backup`")
+    latest = describe_backup(backups[-1])
+    log(f"backups: {latest['label']} ({latest['type']}) in {seconds} s")
+    return {"backup": latest, "backups": [describe_backup(b) for b in backups],
+            "status": stanza.get("status", {}).get("message"), "seconds": seconds,
+            "passed": True}
+
+
+def _rows(conn: psycopg.Connection[Any], day: date) -> dict[str, Counter[str]]:
+    """Each of the day's tables' rows as text (a multiset: a row's every column)."""
+    out = {}
+    for table, condition in DAY_TABLES:
+        query = sql.SQL("select t::text from {} t where ").format(sql.Identifier(table))
+        rows = conn.execute(query + sql.SQL(_where(condition, day))).fetchall()  # type: ignore[arg-type]
+        out[table] = Counter(str(r[0]) for r in rows)
+    return out
+
+
+def _server_now(conn: psycopg.Connection[Any]) -> datetime:
+    row = conn.execute("select clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def _restored_psql(stack: Stack, query: str, timeout: float = 600) -> str:
+    host, port = RESTORED_SOCKET
+    return _exec(stack, "psql", "-X", "-q", "-h", host, "-p", str(port), "-U", "settle",
+                 "-d", "settlement", "-v", "ON_ERROR_STOP=1", "-Atc", query,
+                 timeout=timeout).stdout
+
+
+# The backup service's own addresses of the members: a restore and the copy's archive-get are
+# local to it (its repository), so pgBackRest must not see them.
+_MEMBER_ENV = ("PGBACKREST_PG1_HOST", "PGBACKREST_PG1_HOST_PORT", "PGBACKREST_PG1_PORT",
+               "PGBACKREST_PG2_HOST", "PGBACKREST_PG2_HOST_PORT", "PGBACKREST_PG2_PORT")
+
+
+def restore_copy(stack: Stack, target: datetime, log: Log) -> None:
+    """The cluster as it stood at ``target`` restored into RESTORED_DIR at the witness, and a
+    PostgreSQL started on it (socket only) once recovery reached the target and promoted."""
+    host, port = RESTORED_SOCKET
+    _exec(stack, "rm", "-rf", RESTORED_DIR)
+    log(f"restore: the cluster as of {target.isoformat()} into {RESTORED_DIR} at the witness")
+    _exec(stack, "pgbackrest", f"--stanza={STANZA}", f"--pg1-path={RESTORED_DIR}",
+          "--type=time", f"--target={target.isoformat()}", "--target-action=promote",
+          "--reset-pg1-host", "--reset-pg2-host", "--reset-pg2-path", "restore",
+          env_unset=_MEMBER_ENV)
+    # The copy's configuration is the primary's (Patroni's): its TLS files, pg_hba path,
+    # archiving and synchronous standby do not apply to a copy nobody but this drill reads.
+    options = " ".join([
+        f"-c port={port}", f"-c unix_socket_directories={host}", "-c listen_addresses=''",
+        "-c ssl=off", "-c archive_mode=off", "-c synchronous_standby_names=''",
+        f"-c hba_file={RESTORED_DIR}/pg_hba.conf", f"-c ident_file={RESTORED_DIR}/pg_ident.conf",
+        "-c logging_collector=off", "-c shared_buffers=128MB"])
+    _exec(stack, "bash", "-c", f'"$PG_BIN_DIR/pg_ctl" -D {RESTORED_DIR} -w -t 600 '
+          f'-l {RESTORED_DIR}.log -o "{options}" start', env_unset=_MEMBER_ENV, timeout=700)
+    deadline = time.monotonic() + 600
+    while _restored_psql(stack, "select pg_is_in_recovery()").strip() != "f":
+        if time.monotonic() > deadline:
+            tail = _exec(stack, "tail", "-n", "20", f"{RESTORED_DIR}.log", check=False).stdout
+            raise ServiceError(f"the restored copy did not finish recovery in 600 s:\n{tail}")
+        time.sleep(1)
+
+
+def drop_copy(stack: Stack) -> None:
+    _exec(stack, "bash", "-c", f'"$PG_BIN_DIR/pg_ctl" -D {RESTORED_DIR} -m fast stop || true',
+          check=False, timeout=120)
+    _exec(stack, "rm", "-rf", RESTORED_DIR, f"{RESTORED_DIR}.log", check=False)
+
+
+def put_back(stack: Stack, conn: psycopg.Connection[Any], day: date) -> dict[str, int]:
+    """The day's rows copied from the restored copy into the live cluster, in one transaction:
+    those the live cluster lacks only (a row it still has, or got again, is not doubled)."""
+    added = {}
+    with conn.transaction():
+        for table, condition in reversed(DAY_TABLES):
+            where = _where(condition, day)
+            data = _restored_psql(stack, f"copy (select * from {table} where {where}) to stdout")
+            ident = sql.Identifier(table)
+            conn.execute(sql.SQL("create temp table restored (like {}) on commit drop")
+                         .format(ident))
+            with conn.cursor().copy("copy restored from stdin") as copy:
+                copy.write(data)
+            cur = conn.execute(sql.SQL("insert into {} select * from restored except all "
+                                       "select * from {} where ").format(ident, ident)
+                               + sql.SQL(where))  # type: ignore[operator]
+            added[table] = cur.rowcount
+            conn.execute("drop table restored")
+    return added
+
+
+def point_in_time_drill(stack: Stack, admin_dsn: str, trade_date: str, log: Log,
+                        judge: Any) -> dict[str, Any]:
+    """A published day's rows deleted by mistake as the admin, then restored from the backup
+    repository as of the moment before; ``judge(trade_date)`` checks the published positions
+    against the day read from Kafka."""
+    day = date.fromisoformat(trade_date)
+    with psycopg.connect(admin_dsn + "&target_session_attrs=read-write",
+                         autocommit=True) as conn:
+        if conn.execute("select 1 from published_days where trade_date = %s",
+                        (day,)).fetchone() is None:
+            raise ServiceError(f"{trade_date} is not published in the settlement database: "
+                               f"settle it first (make stack-drill DATE={trade_date})")
+        if not info(stack).get("backup"):
+            log("restore: no backup in the repository yet: taking a full one first")
+            take_backup(stack, "full", log)
+        before = _rows(conn, day)
+        target = _server_now(conn)
+        time.sleep(0.2)  # the delete's commit lies clearly after the target
+        with conn.transaction():  # the mistake
+            deleted = {table: conn.execute(
+                sql.SQL("delete from {} where ").format(sql.Identifier(table))
+                + sql.SQL(_where(condition, day))).rowcount  # type: ignore[operator]
+                for table, condition in DAY_TABLES}
+        deleted_at = _server_now(conn)
+        log(f"restore: the admin deleted {sum(deleted.values())} rows of {trade_date} "
+            f"({deleted_at.isoformat()})")
+        t0 = time.monotonic()
+        pgbackrest(stack, "check", timeout=300)  # the delete's WAL segment in the repository
+        try:
+            restore_copy(stack, target, log)
+            replayed = _restored_psql(
+                stack, "select extract(epoch from pg_last_xact_replay_timestamp())").strip()
+            added = put_back(stack, conn, day)
+        finally:
+            drop_copy(stack)
+        restore_s = round(time.monotonic() - t0, 1)
+        after = _rows(conn, day)
+    lost = sum((before[t] - after[t]).total() for t in before)
+    extra = sum((after[t] - before[t]).total() for t in before)
+    verdict = judge(trade_date)
+    rpo_s = round(deleted_at.timestamp() - float(replayed), 3) if replayed else None
+    log(f"restore: {sum(added.values())} rows back in {restore_s} s; lost {lost}")
+    result = {
+        "fault": "point-in-time", "trade_date": trade_date,
+        "restore_target": target.isoformat(), "deleted_at": deleted_at.isoformat(),
+        "deleted": deleted, "put_back": added,
+        "published_rows": sum(c.total() for c in before.values()),
+        "published_lost": lost, "unexpected_rows": extra,
+        # The copy's last transaction before the mistake: how much before the DELETE the
+        # restored state ends (the target, less what was quiet in between).
+        "rpo_s": rpo_s, "restore_s": restore_s,
+        "positions_match": verdict["positions_match"], "positions": verdict["positions"],
+        "lost": verdict["lost"], "duplicated": verdict["duplicated"],
+        "publications": verdict["publications"],
+    }
+    result["restored"] = bool(sum(deleted.values()) > 0 and lost == 0 and extra == 0)
+    result["passed"] = bool(result["restored"] and verdict["positions_match"] is not False
+                            and verdict["lost"] == 0 and verdict["duplicated"] == 0
+                            and verdict["publications"] == 1)
+    return result
