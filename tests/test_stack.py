@@ -897,6 +897,26 @@ def test_the_stack_starts_settles_a_drilled_day_and_is_removed(
         assert before["first_exit"] != 0 and before["closed_by"] == "b", before
         assert after["first_exit"] == 0 and after["closed_by"] == "a", after
         assert after["settlement_runs"] == {"succeeded": 1}, after
+        # Backups (issue 60): a full backup into the repository at the witness; then the day
+        # the site-loss drill published (its primary since moved to B and back: the WAL spans
+        # timelines) deleted by mistake as the admin, and its rows restored from a copy of the
+        # cluster as of the moment before, made at the witness.
+        backed = _make("stack-backup", "TYPE=full", timeout=1200)
+        assert backed["backup"]["type"] == "full" and backed["status"] == "ok", backed
+        assert backed["backup"]["repository_bytes"] > 0, backed
+        pitr = _make("stack-drill", "FAULT=point-in-time", "DATE=2026-03-03", timeout=1800)
+        assert pitr["passed"] is True and pitr["restored"] is True, pitr
+        assert pitr["published_lost"] == 0 and pitr["unexpected_rows"] == 0, pitr
+        assert pitr["published_rows"] > 0, pitr
+        assert sum(pitr["deleted"].values()) == pitr["published_rows"], pitr
+        assert sum(pitr["put_back"].values()) == pitr["published_rows"], pitr
+        assert pitr["deleted"]["positions"] > 0 and pitr["deleted"]["published_days"] == 1, pitr
+        assert pitr["positions_match"] is True and pitr["publications"] == 1, pitr
+        # The copy ends with the last commit before the mistake: within the second the drill
+        # leaves between its target and the DELETE (the sites commit all the while).
+        assert pitr["rpo_s"] is not None and 0 <= pitr["rpo_s"] < 5, pitr
+        assert pitr["restore_s"] > 0, pitr
+        _report_opens_with_a_login_only(secrets, loss["report_url"], "2026-03-03")
         # The scheduler fires by itself: compressed trading days, a site killed in each.
         # Two days (three before issue 41 added the site drills: CI's hour).
         soak = _make("stack-soak", "DAYS=1", "MINUTES=4", "TRADES=20000", timeout=3000)

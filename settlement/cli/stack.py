@@ -87,7 +87,11 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
     if args.action == "build":
         return compose.build(root, log)
     if args.action == "up":
-        return compose.up(root, log, cron=args.cron, wan_rtt_ms=args.wan_rtt_ms)
+        from settlement.stack.backup import ensure_stanza
+
+        started = compose.up(root, log, cron=args.cron, wan_rtt_ms=args.wan_rtt_ms)
+        # WAL archived to the witness's repository from the first start on (issue 60).
+        return {**started, **ensure_stanza(compose.open_stack(root, log), log)}
     if args.action == "wan":
         from settlement.stack import wan
 

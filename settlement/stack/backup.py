@@ -25,17 +25,15 @@ import json
 import subprocess
 import time
 from collections import Counter
-from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, date, datetime
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from settlement.errors import ServiceError
+from settlement.stack.compose import Stack
 from settlement.stack.engine import Log
-
-if TYPE_CHECKING:  # compose calls ensure_stanza: no import back at run time
-    from settlement.stack.compose import Stack
 
 STANZA = "settlement"
 # Where a restored copy is made and run, inside the backup service (its repository's volume),
@@ -43,6 +41,7 @@ STANZA = "settlement"
 # takes no port of the host's and nobody else can reach it.
 RESTORED_DIR = "/var/lib/pgbackrest/restored"
 RESTORED_SOCKET = ("/tmp", 27453)
+RESTORE_CONF = "/tmp/pgbackrest-restore.conf"
 # The published day's rows, each table with the condition selecting them (``{d}``: the date
 # as an SQL literal), in the order they can be deleted (children before what they reference);
 # they are put back in the reverse order. Run history (settlement_runs, close leases, re-close
@@ -147,7 +146,7 @@ def _rows(conn: psycopg.Connection[Any], day: date) -> dict[str, Counter[str]]:
     out = {}
     for table, condition in DAY_TABLES:
         query = sql.SQL("select t::text from {} t where ").format(sql.Identifier(table))
-        rows = conn.execute(query + sql.SQL(_where(condition, day))).fetchall()  # type: ignore[arg-type]
+        rows = conn.execute(query + sql.SQL(_where(condition, day))).fetchall()
         out[table] = Counter(str(r[0]) for r in rows)
     return out
 
@@ -171,16 +170,26 @@ _MEMBER_ENV = ("PGBACKREST_PG1_HOST", "PGBACKREST_PG1_HOST_PORT", "PGBACKREST_PG
                "PGBACKREST_PG2_HOST", "PGBACKREST_PG2_HOST_PORT", "PGBACKREST_PG2_PORT")
 
 
+def pgbackrest_time(moment: datetime) -> str:
+    """``moment`` as pgBackRest's --target takes it: UTC, to the millisecond, cut down (never
+    later than the moment)."""
+    utc = moment.astimezone(UTC)
+    return f"{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}+00"
+
+
 def restore_copy(stack: Stack, target: datetime, log: Log) -> None:
     """The cluster as it stood at ``target`` restored into RESTORED_DIR at the witness, and a
     PostgreSQL started on it (socket only) once recovery reached the target and promoted."""
     host, port = RESTORED_SOCKET
     _exec(stack, "rm", "-rf", RESTORED_DIR)
     log(f"restore: the cluster as of {target.isoformat()} into {RESTORED_DIR} at the witness")
-    _exec(stack, "pgbackrest", f"--stanza={STANZA}", f"--pg1-path={RESTORED_DIR}",
-          "--type=time", f"--target={target.isoformat()}", "--target-action=promote",
-          "--reset-pg1-host", "--reset-pg2-host", "--reset-pg2-path", "restore",
-          env_unset=_MEMBER_ENV)
+    # A configuration of its own: the repository, read locally, and the copy as the only
+    # PostgreSQL (the service's file names the members; its restore_command keeps this one).
+    _exec(stack, "bash", "-c", f"printf '[global]\\nrepo1-path=/var/lib/pgbackrest\\n"
+          f"log-level-console=warn\\nlog-level-file=off\\n' > {RESTORE_CONF}")
+    _exec(stack, "pgbackrest", f"--config={RESTORE_CONF}", f"--stanza={STANZA}",
+          f"--pg1-path={RESTORED_DIR}", "--type=time", f"--target={pgbackrest_time(target)}",
+          "--target-action=promote", "restore", env_unset=_MEMBER_ENV)
     # The copy's configuration is the primary's (Patroni's): its TLS files, pg_hba path,
     # archiving and synchronous standby do not apply to a copy nobody but this drill reads.
     options = " ".join([
@@ -201,7 +210,7 @@ def restore_copy(stack: Stack, target: datetime, log: Log) -> None:
 def drop_copy(stack: Stack) -> None:
     _exec(stack, "bash", "-c", f'"$PG_BIN_DIR/pg_ctl" -D {RESTORED_DIR} -m fast stop || true',
           check=False, timeout=120)
-    _exec(stack, "rm", "-rf", RESTORED_DIR, f"{RESTORED_DIR}.log", check=False)
+    _exec(stack, "rm", "-rf", RESTORED_DIR, f"{RESTORED_DIR}.log", RESTORE_CONF, check=False)
 
 
 def put_back(stack: Stack, conn: psycopg.Connection[Any], day: date) -> dict[str, int]:
@@ -217,9 +226,11 @@ def put_back(stack: Stack, conn: psycopg.Connection[Any], day: date) -> dict[str
                          .format(ident))
             with conn.cursor().copy("copy restored from stdin") as copy:
                 copy.write(data)
-            cur = conn.execute(sql.SQL("insert into {} select * from restored except all "
-                                       "select * from {} where ").format(ident, ident)
-                               + sql.SQL(where))  # type: ignore[operator]
+            # overriding: an answer's id is an identity column; it keeps the id it had.
+            cur = conn.execute(sql.SQL("insert into {} overriding system value select * from "
+                                       "restored except all select * from {} where ")
+                               .format(ident, ident)
+                               + sql.SQL(where))
             added[table] = cur.rowcount
             conn.execute("drop table restored")
     return added
@@ -246,7 +257,7 @@ def point_in_time_drill(stack: Stack, admin_dsn: str, trade_date: str, log: Log,
         with conn.transaction():  # the mistake
             deleted = {table: conn.execute(
                 sql.SQL("delete from {} where ").format(sql.Identifier(table))
-                + sql.SQL(_where(condition, day))).rowcount  # type: ignore[operator]
+                + sql.SQL(_where(condition, day))).rowcount
                 for table, condition in DAY_TABLES}
         deleted_at = _server_now(conn)
         log(f"restore: the admin deleted {sum(deleted.values())} rows of {trade_date} "

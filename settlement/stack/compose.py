@@ -286,12 +286,9 @@ def up(root: Path, log: Log, cron: str = "none",
     wait_ready(stack, log)
     # After the wait: the WAN's rules name the containers running now and their ports.
     link = wan.apply(root, stack.state, wan_rtt_ms, log)
-    from settlement.stack.backup import ensure_stanza
-
-    backups = ensure_stanza(stack, log)  # archiving from the first start on (issue 60)
     # Now that compose replaced (or removed) every container an older build ran.
     prune_left_builds()
-    return {**client_info(stack), **link.describe(), **backups, "stale_removed": removed,
+    return {**client_info(stack), **link.describe(), "stale_removed": removed,
             "seconds": round(time.monotonic() - t0, 1)}
 
 
