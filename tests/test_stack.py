@@ -650,8 +650,10 @@ def _monitoring_sees_every_component(up: dict[str, Any], env: dict[str, str]) ->
     groups = yaml.safe_load((ROOT / "deploy/prometheus/rules.yml").read_text())["groups"]
     assert set(mon.alert_rules()) == {r["alert"] for g in groups for r in g["rules"]}
     # The exporters report what the rules read: a standby in the settlement cluster, the
-    # brokers' replication, each site's heartbeat.
+    # primary's WAL reaching the backup repository, the brokers' replication, each site's
+    # heartbeat.
     for query in ('pg_replication_is_replica{cluster="settlement"} == 1',
+                  'pg_archiver_failing{cluster="settlement"} == 0',
                   "kafka_server_replicamanager_underminisrpartitioncount",
                   "settle_site_last_heartbeat_timestamp_seconds"):
         assert mon.prometheus("/api/v1/query", query=query)["result"], query
