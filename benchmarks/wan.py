@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,18 +60,6 @@ def business_days(first: dt.date, n: int) -> list[str]:
 
 def primary_ledger(stack: Stack) -> str:
     return admin_dsn(stack, ("a", "b"), "ledger_shared") + "&target_session_attrs=read-write"
-
-
-def commit_ms(dsn: str, n: int = 30) -> float:
-    with open_connection(dsn, autocommit=True) as conn:
-        conn.execute("create table if not exists wan_bench_probe (id bigserial primary key)")
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            conn.execute("insert into wan_bench_probe default values")
-            times.append((time.perf_counter() - t0) * 1000)
-        conn.execute("drop table wan_bench_probe")
-    return round(statistics.median(times), 2)
 
 
 def copy_seconds(dsn: str, lines: list[str]) -> dict[str, Any]:
@@ -136,7 +123,8 @@ def measure(stack: Stack, rtt: float, trade_date: str, trades: int) -> dict[str,
     wan.apply(ROOT, stack.state, rtt, say)
     dsn = primary_ledger(stack)
     out: dict[str, Any] = {"rtt_ms": rtt, "trade_date": trade_date,
-                           "primary_site": primary_site(stack), "commit_ms": commit_ms(dsn)}
+                           "primary_site": primary_site(stack),
+                           "commit_ms": wan.commit_round_trip_ms(dsn, n=31)}
     say(f"{rtt:g} ms: the day's trades for COPY ({trades})...")
     lines = copy_lines(trades, settings.partitions, trade_date, SEED)
     stack.compose("stop", "site-a", "site-b")

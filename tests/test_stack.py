@@ -750,18 +750,10 @@ def _commits_cross_the_wan(rtt_ms: float) -> None:
     the other site's synchronous standby: the WAN is between the members."""
     from settlement.stack.compose import open_stack
     from settlement.stack.partition_drill import admin_dsn
+    from settlement.stack.wan import commit_round_trip_ms
 
     dsn = admin_dsn(open_stack(ROOT, print), ("a", "b"), "postgres")
-    with psycopg.connect(dsn + "&target_session_attrs=read-write", autocommit=True) as conn:
-        conn.execute("create table if not exists wan_probe (id bigserial primary key)")
-        times = []
-        for _ in range(21):
-            t0 = time.perf_counter()
-            # A logged write: its commit waits for the standby (a bare xid's would not).
-            conn.execute("insert into wan_probe default values")
-            times.append((time.perf_counter() - t0) * 1000)
-        conn.execute("drop table wan_probe")
-    median = sorted(times)[10]
+    median = commit_round_trip_ms(dsn + "&target_session_attrs=read-write")
     assert median >= rtt_ms * 0.95, f"commits took {median:.2f} ms: no WAN between members"
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from itertools import permutations
 from pathlib import Path
 
+from settlement.db import open_connection
 from settlement.errors import ServiceError
 from settlement.stack.engine import Log, run
 from settlement.stack.netcut import (
@@ -197,3 +198,18 @@ def current(state: Path) -> Wan:
         return Wan(**json.loads(_state_file(state).read_text()))
     except (OSError, ValueError, TypeError):
         return NO_WAN
+
+
+def commit_round_trip_ms(dsn: str, n: int = 21) -> float:
+    """The median time of ``n`` single-row commits on the primary ``dsn`` names: with
+    synchronous replication, at least the round trip to the standby's site. A logged write,
+    since a bare transaction id's commit would not wait for the standby."""
+    with open_connection(dsn, autocommit=True) as conn:
+        conn.execute("create table if not exists wan_probe (id bigserial primary key)")
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn.execute("insert into wan_probe default values")
+            times.append((time.perf_counter() - t0) * 1000)
+        conn.execute("drop table wan_probe")
+    return round(sorted(times)[n // 2], 2)
