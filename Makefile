@@ -15,7 +15,7 @@ TEST_ENV := SETTLE_STATE_DIR=$(CURDIR)/.state/test SETTLE_KAFKA_PORT=29092 \
 	SETTLE_KAFKA_CONTROLLER_PORT=29192 SETTLE_PG_PORT=25432 SETTLE_KAFKA_BROKERS=3
 
 .PHONY: help setup jvm-archive browser promtool iptables env jars up down status migrate test test-quick test-down lint docs demo \
-	airflow bench classifier clean stack-build stack-up stack-wan stack-drill stack-backup stack-soak stack-down stack-logs
+	airflow bench classifier clean stack-build stack-up stack-wan stack-drill stack-backup stack-restore stack-soak stack-down stack-logs
 
 help:
 	@echo "make demo   - the main job end to end on embedded services"
@@ -23,7 +23,7 @@ help:
 	@echo "make test-quick - the tests that need no services (a few minutes)"
 	@echo "make docs   - regenerate docs/reference/ (configuration, CLI) from the code"
 	@echo "make up | down | status | migrate | lint | bench | clean"
-	@echo "make stack-build | stack-up [WAN_RTT_MS=2] | stack-wan WAN_RTT_MS=N | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a|point-in-time] DATE=YYYY-MM-DD TRADES=N | stack-backup [TYPE=incr] | stack-soak DAYS=3 MINUTES=4 | stack-down"
+	@echo "make stack-build | stack-up [WAN_RTT_MS=2] | stack-wan WAN_RTT_MS=N | stack-drill [FAULT=site-loss|site-freeze|site-partition|standby-partition|witness-partition SITE=a|point-in-time] DATE=YYYY-MM-DD TRADES=N | stack-backup [TYPE=incr] | stack-restore DATE=D TARGET=T | stack-soak DAYS=3 MINUTES=4 | stack-down"
 
 setup: env jars classifier jvm-archive
 
@@ -203,6 +203,10 @@ MINUTES ?= 4
 # TYPE=full|diff|incr (default incr; full when there is none yet).
 stack-backup: setup
 	$(SETTLE) stack backup --backup-type $(or $(TYPE),incr) --json
+# After a mistaken DELETE of a day's published rows: put them back as they stood at TARGET
+# (the moment before, with its zone), from a copy restored at the witness.
+stack-restore: setup
+	$(SETTLE) stack restore --date $(DATE) --target '$(TARGET)' --json
 stack-soak: setup
 	$(SETTLE) stack soak --days $(DAYS) --minutes $(MINUTES) --trades $(TRADES) --json
 stack-down: env

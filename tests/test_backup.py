@@ -5,7 +5,7 @@ order they can be deleted and put back in. The drill itself runs on the stack
 from __future__ import annotations
 
 import re
-from datetime import date
+from datetime import UTC, date
 from pathlib import Path
 
 import pytest
@@ -77,3 +77,12 @@ def test_a_restore_target_is_utc_to_the_millisecond_and_never_later() -> None:
 
     moment = datetime(2026, 3, 3, 18, 4, 5, 987654, tzinfo=timezone(timedelta(hours=2)))
     assert backup.pgbackrest_time(moment) == "2026-03-03 16:04:05.987+00"
+
+
+def test_a_restore_target_needs_a_time_and_its_zone() -> None:
+
+    assert backup.parse_target(" 2026-11-30 02:58:27.17+00 ").tzinfo == UTC
+    with pytest.raises(ValueError, match="no time zone: add it"):
+        backup.parse_target("2026-11-30 02:58:27")
+    with pytest.raises(ValueError, match="is not a time"):
+        backup.parse_target("yesterday")

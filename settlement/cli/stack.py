@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from settlement.stack import DEFAULT_WAN_RTT_MS
 def register(sub: Subparsers) -> None:
     sp = add_command(sub, "stack", "the docker-compose deployment on this machine (images "
                                    "built here, host networking on loopback)", cmd_stack)
-    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak", "wan", "backup"],
+    sp.add_argument("action", choices=["build", "up", "down", "drill", "soak", "wan", "backup",
+                                       "restore"],
                     help="build: engine, Compose and images only, nothing started; "
                          "up: engine, images, .env, certificates, then every service healthy; "
                          "down: remove containers and volumes; drill: a faulty day, site-a "
@@ -23,8 +25,13 @@ def register(sub: Subparsers) -> None:
                          "its timetable, a random site killed in each; wan: set the running "
                          "stack's --wan-rtt-ms (--wan-jitter-ms, --wan-loss) between its "
                          "locations; backup: a --backup-type backup of the settlement cluster "
-                         "into the repository at the witness (pgBackRest)")
-    sp.add_argument("--date", type=date, help="drill: the trade date (YYYY-MM-DD)")
+                         "into the repository at the witness (pgBackRest); restore: --date's "
+                         "published rows put back as they stood at --target, from a copy "
+                         "restored at the witness (after a mistaken DELETE)")
+    sp.add_argument("--date", type=date, help="drill, restore: the trade date (YYYY-MM-DD)")
+    sp.add_argument("--target", default=None,
+                    help="restore: the moment before the mistake, with its zone "
+                         "(YYYY-MM-DD HH:MM:SS[.fff]+00)")
     sp.add_argument("--trades", type=int, default=20_000, help="drill, soak: trades a day")
     sp.add_argument("--seed", type=int, default=7, help="drill, soak: the simulator's seed")
     sp.add_argument("--fault", choices=["site-loss", "site-freeze", "site-partition",
@@ -108,6 +115,8 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         from settlement.stack.backup import take_backup
 
         return take_backup(stack, args.backup_type, log)
+    if args.action == "restore":
+        return _restore(stack, args, log)
     if args.action == "soak":
         from settlement.stack.soak import run_soak
 
@@ -155,3 +164,28 @@ def cmd_stack(args: argparse.Namespace, s: Settings) -> dict[str, Any]:
         raise CommandFailed(f"the stack {args.action} failed: see lost/duplicated/"
                             "dag_run_state", result)
     return result
+
+
+def _restore(stack: Any, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    import psycopg
+
+    from settlement.stack.backup import parse_target, restore_day
+    from settlement.stack.drill import stack_settings
+    from settlement.stack.partition_drill import admin_dsn
+    from settlement.stack.site_drill import judge
+
+    if not args.date or not args.target:
+        raise ConfigError("settle stack restore: --date YYYY-MM-DD and --target 'YYYY-MM-DD "
+                          "HH:MM:SS+00' (the moment before the mistake) are required (make "
+                          "stack-restore DATE=2026-03-03 TARGET='2026-11-30 02:58:27+00')")
+    try:
+        target = parse_target(args.target)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    dsn = admin_dsn(stack, ("a", "b"), "settlement") + "&target_session_attrs=read-write"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        out = restore_day(stack, conn, dt.date.fromisoformat(args.date), target, log)
+    # What is published now against the day read from Kafka (as the auditor).
+    verdict = judge(stack_settings(stack), args.date)
+    return {**out, "positions_match": verdict["positions_match"],
+            "positions": verdict["positions"], "publications": verdict["publications"]}

@@ -236,6 +236,43 @@ def put_back(stack: Stack, conn: psycopg.Connection[Any], day: date) -> dict[str
     return added
 
 
+def parse_target(text: str) -> datetime:
+    """An operator's restore target: an ISO time with its zone (a bare time would be read in
+    whichever zone the server or this host has)."""
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"--target {text!r} is not a time: give the moment before the "
+                         "mistake as YYYY-MM-DD HH:MM:SS[.fff]+00 (its zone included)") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"--target {text!r} has no time zone: add it (+00 for UTC), e.g. "
+                         f"'{text.strip()}+00'")
+    return moment
+
+
+def restore_day(stack: Stack, conn: psycopg.Connection[Any], day: date, target: datetime,
+                log: Log) -> dict[str, Any]:
+    """The day's published rows as they stood at ``target`` put back into the live cluster
+    (``conn``: the admin on the primary) from a copy restored at the witness: what an operator
+    runs after a mistaken DELETE (`settle stack restore --date D --target T`), and the
+    drill's second half."""
+    t0 = time.monotonic()
+    pgbackrest(stack, "check", timeout=300)  # the mistake's WAL segment in the repository
+    try:
+        restore_copy(stack, target, log)
+        replayed = _restored_psql(
+            stack, "select extract(epoch from pg_last_xact_replay_timestamp())").strip()
+        added = put_back(stack, conn, day)
+    finally:
+        drop_copy(stack)
+    seconds = round(time.monotonic() - t0, 1)
+    log(f"restore: {sum(added.values())} rows of {day} back in {seconds} s")
+    return {"trade_date": day.isoformat(), "restore_target": target.isoformat(),
+            "put_back": added, "restore_s": seconds,
+            "last_restored_commit": (datetime.fromtimestamp(float(replayed), UTC)
+                                     .isoformat() if replayed else None)}
+
+
 def point_in_time_drill(stack: Stack, admin_dsn: str, trade_date: str, log: Log,
                         judge: Any) -> dict[str, Any]:
     """A published day's rows deleted by mistake as the admin, then restored from the backup
@@ -262,31 +299,28 @@ def point_in_time_drill(stack: Stack, admin_dsn: str, trade_date: str, log: Log,
         deleted_at = _server_now(conn)
         log(f"restore: the admin deleted {sum(deleted.values())} rows of {trade_date} "
             f"({deleted_at.isoformat()})")
-        t0 = time.monotonic()
-        pgbackrest(stack, "check", timeout=300)  # the delete's WAL segment in the repository
         try:
-            restore_copy(stack, target, log)
-            replayed = _restored_psql(
-                stack, "select extract(epoch from pg_last_xact_replay_timestamp())").strip()
-            added = put_back(stack, conn, day)
-        finally:
-            drop_copy(stack)
-        restore_s = round(time.monotonic() - t0, 1)
+            restored = restore_day(stack, conn, day, target, log)
+        except Exception as exc:
+            raise ServiceError(
+                f"{exc}\nThe drill deleted {trade_date}'s published rows at "
+                f"{deleted_at.isoformat()}; once the cause is mended, put them back with: "
+                f"settle stack restore --date {trade_date} --target "
+                f"'{pgbackrest_time(target)}'") from exc
         after = _rows(conn, day)
     lost = sum((before[t] - after[t]).total() for t in before)
     extra = sum((after[t] - before[t]).total() for t in before)
     verdict = judge(trade_date)
-    rpo_s = round(deleted_at.timestamp() - float(replayed), 3) if replayed else None
-    log(f"restore: {sum(added.values())} rows back in {restore_s} s; lost {lost}")
+    last = restored["last_restored_commit"]
+    rpo_s = (round(deleted_at.timestamp() - datetime.fromisoformat(last).timestamp(), 3)
+             if last else None)
     result = {
-        "fault": "point-in-time", "trade_date": trade_date,
-        "restore_target": target.isoformat(), "deleted_at": deleted_at.isoformat(),
-        "deleted": deleted, "put_back": added,
-        "published_rows": sum(c.total() for c in before.values()),
+        "fault": "point-in-time", **restored, "deleted_at": deleted_at.isoformat(),
+        "deleted": deleted, "published_rows": sum(c.total() for c in before.values()),
         "published_lost": lost, "unexpected_rows": extra,
-        # The copy's last transaction before the mistake: how much before the DELETE the
-        # restored state ends (the target, less what was quiet in between).
-        "rpo_s": rpo_s, "restore_s": restore_s,
+        # How long before the DELETE the restored copy's last commit was: what a restore to
+        # that moment gives up (the target, less what was quiet in between).
+        "rpo_s": rpo_s,
         "positions_match": verdict["positions_match"], "positions": verdict["positions"],
         "lost": verdict["lost"], "duplicated": verdict["duplicated"],
         "publications": verdict["publications"],
