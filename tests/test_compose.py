@@ -276,9 +276,13 @@ OWN_TLS_FILES: dict[str, dict[str, str]] = {
     **{b: {**CA, f"{b}.pem": f"/certs/{b}.pem", f"{b}-jmx.p12": f"/certs/{b}-jmx.p12",
            f"{b}-jmx.yml": f"/certs/{b}-jmx.yml"} for b in BROKERS},
     # A member verifies the other and the site servers with ca.crt and etcd with etcd-ca.crt;
-    # it logs in to etcd with its own client certificate.
-    **{m: {**CA, **_pair(m, "postgres"), **ETCD_CA, **_pair(f"patroni-{m}", "patroni")}
+    # it logs in to etcd with its own client certificate, and to the backup repository (and
+    # serves the repository's backups) with its pgBackRest key pair.
+    **{m: {**CA, **_pair(m, "postgres"), **ETCD_CA, **_pair(f"patroni-{m}", "patroni"),
+           **_pair(f"pgbackrest-{m}", "pgbackrest")}
        for m in PG_MEMBERS},
+    # The backup repository at the witness: its own pgBackRest key pair, the stack's CA.
+    "backup": {**CA, **_pair("pgbackrest-repo", "pgbackrest")},
     # etcd trusts its own CA only.
     **{m: {**ETCD_CA, **_pair(m, "etcd")} for m in ETCD},
     # Each site's own server verifies the admin's client certificate (ca.crt).
@@ -336,6 +340,11 @@ def test_each_service_mounts_the_ca_certificate_and_its_own_key_pair_only() -> N
         assert env["ETCD_TRUSTED_CA_FILE"] == env["ETCD_PEER_TRUSTED_CA_FILE"] == \
             env["ETCDCTL_CACERT"] == "/certs/etcd-ca.crt"
         assert env["ETCD_CLIENT_CERT_AUTH"] == env["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
+    # pgBackRest reads the key pair and CA each of its services mounts, on both sides.
+    for conf in ("member.conf", "repo.conf"):
+        text = (ROOT / "deploy/pgbackrest" / conf).read_text()
+        files = set(re.findall(r"(/certs/\S+)", text))
+        assert files == {"/certs/ca.crt", "/certs/pgbackrest.crt", "/certs/pgbackrest.key"}, conf
     # The local stack's override adds no mount of its own (it would bypass the above).
     local = (ROOT / "deploy/local/docker-compose.local.yml").read_text()
     assert "volumes:" not in local
@@ -383,9 +392,10 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
     # One key pair per server, naming that server only, for serving only.
     signed_by_etcd = {*ETCD, *(f"patroni-{m}" for m in PG_MEMBERS)}
+    pgbackrest = {"pgbackrest-repo": "backup", **{f"pgbackrest-{m}": m for m in PG_MEMBERS}}
     servers = {f.removesuffix(".crt") for files in OWN_TLS_FILES.values() for f in files
                if f.endswith(".crt")} - {"ca", "etcd-ca", "postgres-admin"} - signed_by_etcd \
-        | set(BROKERS)
+        - set(pgbackrest) | set(BROKERS)
     # 3 brokers, 4 PostgreSQL servers, 2 api-servers, 3 monitoring servers, 6 exporters and
     # 2 sites' metrics
     assert len(servers) == 20, sorted(servers)
@@ -396,6 +406,14 @@ def test_make_certs_keeps_the_ca_key_out_of_the_mounted_folder(tmp_path: Path) -
         own = {"DNS:pg-a.example.com"} if name == "postgres-a" else set()  # SERVER=SAN
         assert sans == {f"DNS:{name}", "DNS:localhost", "IP Address:127.0.0.1",
                         "DNS:settle.example.com", *own}, (name, sans)
+    # pgBackRest's (issue 60): each a server and the other side's client, named for the host it
+    # is reached by; a member's cannot pass for the other member or for the repository.
+    for name, host in pgbackrest.items():
+        assert _verifies(certs / "ca.crt", certs / f"{name}.crt", host), name
+        assert _usage(certs / f"{name}.crt") == \
+            "TLS Web Server Authentication, TLS Web Client Authentication", name
+    assert not _verifies(certs / "ca.crt", certs / "pgbackrest-postgres-a.crt", "postgres-b")
+    assert not _verifies(certs / "ca.crt", certs / "pgbackrest-postgres-a.crt", "backup")
     # The doors: a site's own server cannot pass for a member of the settlement cluster, nor
     # one site's api-server for the other's.
     assert not _verifies(certs / "ca.crt", certs / "postgres-site-a.crt", "postgres-a")
