@@ -287,6 +287,22 @@ def test_the_close_is_the_price_of_the_days_last_trade(spark: SparkSession) -> N
     assert summary == {"XAU": d("3.0000"), "XAG": d("5.0000")}
 
 
+def test_a_symbols_close_is_its_latest_trades_greatest_id_however_its_legs_fall() -> None:
+    from settlement.eod.model import closes, latest_times
+
+    early, late = (dt.datetime(2024, 3, 15, h, 0) for h in (10, 16))
+    legs = [Leg("A", "XAU", 1, 0, d("1"), d("0"), 1, 1, d("1"), d("1"), early),
+            Leg("B", "XAU", 0, 1, d("0"), d("1"), 1, 0, d("1"), d("1"), late),
+            Leg("C", "XAG", 1, 0, d("1"), d("0"), 1, 1, d("1"), d("1"), early)]
+    assert latest_times(legs) == {"XAU": late, "XAG": early}
+    # Two trades at XAU's latest time: the greater id (as text, Spark's order) closes it,
+    # whatever order they come in.
+    assert closes([("XAU", "T9", d("3")), ("XAG", "T1", d("7")),
+                   ("XAU", "T10", d("2.5"))]) == {"XAU": d("3"), "XAG": d("7")}
+    assert closes([("XAU", "Tb", d("3")), ("XAU", "Ta", d("2.5"))]) == {"XAU": d("3")}
+    assert closes([]) == {}
+
+
 def test_vwap_halves_round_up_and_sums_never_round() -> None:
     # Exactly half a unit of the 10th place rounds up; just below it does not.
     assert vwap(d("0.0001"), 2_000_000) == d("1E-10")
@@ -296,9 +312,9 @@ def test_vwap_halves_round_up_and_sums_never_round() -> None:
     # default 28 digits would round it silently).
     big = d("999999999999999999999999.9999")  # the largest numeric(28,4)
     at = dt.datetime(2024, 3, 15, 10, tzinfo=dt.UTC)
-    legs = [Leg(f"A{i}", "XAU", 1, 0, big, d("0"), 1, 1, d("1"), d("1"), d("1"), at, "t")
+    legs = [Leg(f"A{i}", "XAU", 1, 0, big, d("0"), 1, 1, d("1"), d("1"), at)
             for i in range(2)]
-    legs += [Leg("B", "XAU", 0, 1, d("0"), big, 1, 0, d("1"), d("1"), d("1"), at, "t")] * 2
+    legs += [Leg("B", "XAU", 0, 1, d("0"), big, 1, 0, d("1"), d("1"), at)] * 2
     with pytest.raises(OverflowError, match="numeric"):
         net_legs(legs, DAY)
 

@@ -124,9 +124,7 @@ class Leg(NamedTuple):
     buys: int  # of those, the ones it bought (a trade has one buyer)
     low_price: Decimal
     high_price: Decimal
-    last_price: Decimal  # of its last trade of the symbol, by (executed_at, trade_id)
-    last_executed_at: dt.datetime
-    last_trade_id: str
+    last_executed_at: dt.datetime  # of its latest trade of the symbol
 
 
 class Netted(NamedTuple):
@@ -151,7 +149,27 @@ def _exact_sum(values: Iterable[Decimal]) -> Decimal:
     return total
 
 
-def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
+def latest_times(legs: Iterable[Leg]) -> dict[str, dt.datetime]:
+    """Each symbol's latest trade time, from its legs: where its closing trade is."""
+    out: dict[str, dt.datetime] = {}
+    for x in legs:
+        if x.symbol not in out or x.last_executed_at > out[x.symbol]:
+            out[x.symbol] = x.last_executed_at
+    return out
+
+
+def closes(candidates: Iterable[tuple[str, str, Decimal]]) -> dict[str, Decimal]:
+    """Each symbol's closing price: of its last trade by (executed_at, trade_id), from
+    (symbol, trade_id, price) of the trades at its latest time: the greatest trade id."""
+    best: dict[str, tuple[str, Decimal]] = {}
+    for symbol, trade_id, price in candidates:
+        if symbol not in best or trade_id > best[symbol][0]:
+            best[symbol] = (trade_id, price)
+    return {symbol: price for symbol, (_, price) in best.items()}
+
+
+def net_legs(legs: Iterable[Leg], trade_date: dt.date,
+             close: dict[str, Decimal] | None = None) -> Netted:
     """The day's positions, cash obligations and instrument summary from its legs.
 
     The legs are at most accounts x symbols rows, summed by Spark from the day's trades;
@@ -161,7 +179,9 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
     trade has one symbol and the account is on one side); a symbol's trades, volume and
     notional are its accounts' buys, bought quantities and buy amounts; its VWAP is
     notional / volume rounded half-up to 10 places, exactly (in integers); its close the
-    price of its last trade (both legs of a trade name it, with the same price)."""
+    price of its last trade (``close``: symbol -> price, from ``closes``; none when not
+    given)."""
+    close = close or {}
     legs = sorted(legs, key=lambda x: (x.account, x.symbol))
     positions = [Position(trade_date, x.account, x.symbol, x.bought_qty, x.sold_qty,
                           x.bought_qty - x.sold_qty, x.buy_amount, x.sell_amount,
@@ -185,11 +205,10 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date) -> Netted:
         xs = by_symbol[symbol]
         volume = sum(x.bought_qty for x in xs)
         notional = _exact_sum(x.buy_amount for x in xs)
-        last = max(xs, key=lambda x: (x.last_executed_at, x.last_trade_id))
         instruments.append(InstrumentSummary(
             trade_date, symbol, sum(x.buys for x in xs), volume, notional,
             vwap(notional, volume), min(x.low_price for x in xs),
-            max(x.high_price for x in xs), last.last_price))
+            max(x.high_price for x in xs), close.get(symbol)))
     return Netted(positions, obligations, instruments)
 
 

@@ -22,6 +22,8 @@ from settlement.eod.model import (
     Netted,
     Position,
     SettlementResult,
+    closes,
+    latest_times,
     net_legs,
     netting,
     rows_of,
@@ -124,7 +126,11 @@ def net(final: DataFrame, trade_date: str | dt.date) -> Netted:
     legs summed by Spark in one pass (at most accounts x symbols rows, collected), the rest
     taken from them in Python (``settlement.eod.model.net_legs``)."""
     day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
-    return net_legs(rows_of(Leg, T.netting_legs(final, day).collect()), day)
+    legs = rows_of(Leg, T.netting_legs(final, day).collect())
+    last = latest_times(legs)
+    at = local_frame(final.sparkSession, sorted(last.items()), T.LATEST_TIMES)
+    close = closes(T.closing_trades(final, day, at).collect()) if last else {}
+    return net_legs(legs, day, close)
 
 
 def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:

@@ -85,7 +85,13 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     of other dates are ignored. ``trade_count`` counts the trades the account took part in on
     either side (buyer == seller is rejected upstream, so one trade is one leg), ``buys``
     those it bought (a trade has one buyer), ``low_price``/``high_price`` its trades' prices,
-    ``last_price`` the price of its last trade by (executed_at, trade_id), which it names.
+    ``last_executed_at`` its latest trade's time (``closing_trades`` finds the symbol's
+    closing trade from it).
+
+    Every aggregate here has a fixed-width buffer, so Spark sums the legs in a hash aggregate.
+    A max over a struct holding the trade id (a string) made it a sort aggregate: every leg
+    sorted by (account, symbol), 4M legs for a 2M-trade day (docs/benchmarks-history.md,
+    2026-11-30).
     """
     day = _on_date(trades, trade_date)
     amount = _amount(F.col("price"), F.col("quantity"))
@@ -107,9 +113,7 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     legs = day.select(
         "symbol",
         F.col("price").cast(PRICE).alias("price"),
-        # Ordered by (executed_at, trade_id): the last one's price is the symbol's close.
-        F.struct("executed_at", "trade_id", F.col("price").cast(PRICE).alias("price")
-                 ).alias("at"),
+        "executed_at",
         F.inline(
             F.array(
                 leg("buyer", qty, no_qty, amount, no_amount, 1),
@@ -126,10 +130,22 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
         F.sum("buys").alias("buys"),
         F.min("price").alias("low_price"),
         F.max("price").alias("high_price"),
-        F.max("at").alias("last_at"),
-    ).select("*", F.col("last_at.price").alias("last_price"),
-             F.col("last_at.executed_at").alias("last_executed_at"),
-             F.col("last_at.trade_id").alias("last_trade_id")).drop("last_at")
+        F.max("executed_at").alias("last_executed_at"),
+    )
+
+
+LATEST_TIMES = "symbol string, last_executed_at timestamp"
+
+
+def closing_trades(trades: DataFrame, trade_date: str | dt.date, at: DataFrame) -> DataFrame:
+    """The trades of the day at each symbol's latest time (``at``: LATEST_TIMES rows, from the
+    legs): (symbol, trade_id, price), a few rows. The symbol's close is the one with the
+    greatest trade id among them. One scan of the (cached) day, joined with ``at``
+    broadcast: no shuffle."""
+    day = _on_date(trades, trade_date)
+    return (day.join(F.broadcast(at), (day["symbol"] == at["symbol"])
+                     & (day["executed_at"] == at["last_executed_at"]))
+            .select(day["symbol"], day["trade_id"], day["price"].cast(PRICE).alias("price")))
 
 
 # -- helpers -------------------------------------------------------------------------------
