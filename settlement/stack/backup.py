@@ -187,9 +187,20 @@ def restore_copy(stack: Stack, target: datetime, log: Log) -> None:
     # PostgreSQL (the service's file names the members; its restore_command keeps this one).
     _exec(stack, "bash", "-c", f"printf '[global]\\nrepo1-path=/var/lib/pgbackrest\\n"
           f"log-level-console=warn\\nlog-level-file=off\\n' > {RESTORE_CONF}")
-    _exec(stack, "pgbackrest", f"--config={RESTORE_CONF}", f"--stanza={STANZA}",
-          f"--pg1-path={RESTORED_DIR}", "--type=time", f"--target={pgbackrest_time(target)}",
-          "--target-action=promote", "restore", env_unset=_MEMBER_ENV)
+    try:
+        _exec(stack, "pgbackrest", f"--config={RESTORE_CONF}", f"--stanza={STANZA}",
+              f"--pg1-path={RESTORED_DIR}", "--type=time",
+              f"--target={pgbackrest_time(target)}", "--target-action=promote", "restore",
+              env_unset=_MEMBER_ENV)
+    except ServiceError as exc:
+        if "[075]" not in str(exc):
+            raise
+        ends = [describe_backup(b)["stopped"] for b in info(stack).get("backup", [])]
+        raise ServiceError(f"no backup ended before {pgbackrest_time(target)}: a restore "
+                           "starts from one and replays WAL forward; the backups kept ended "
+                           f"at {', '.join(str(e) for e in ends) or 'none'} (retention keeps "
+                           "two full ones: restore targets before the oldest are gone)"
+                           ) from exc
     # The copy's configuration is the primary's (Patroni's): its TLS files, pg_hba path,
     # archiving and synchronous standby do not apply to a copy nobody but this drill reads.
     options = " ".join([
@@ -288,6 +299,12 @@ def point_in_time_drill(stack: Stack, admin_dsn: str, trade_date: str, log: Log,
         if not info(stack).get("backup"):
             log("restore: no backup in the repository yet: taking a full one first")
             take_backup(stack, "full", log)
+        # A restore starts from a backup that ended before its target, and pgBackRest keeps
+        # a backup's end to the second: right after one (`make stack-backup`, then the drill)
+        # the moment before the mistake would lie inside it (CI met "unable to find backup
+        # set with stop time less than" the target).
+        ended = info(stack)["backup"][-1]["timestamp"]["stop"]
+        time.sleep(max(0.0, ended + 1.5 - time.time()))
         before = _rows(conn, day)
         target = _server_now(conn)
         time.sleep(0.2)  # the delete's commit lies clearly after the target
