@@ -1,4 +1,5 @@
-"""`settle stack build|up|down|drill|soak`: the docker-compose deployment on this machine."""
+"""`settle stack build|up|down|drill|soak|wan|backup|restore`: the docker-compose deployment on
+this machine."""
 
 from __future__ import annotations
 
