@@ -11,6 +11,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
@@ -128,8 +129,10 @@ def net(final: DataFrame, trade_date: str | dt.date) -> Netted:
     day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
     legs = rows_of(Leg, T.netting_legs(final, day).collect())
     last = latest_times(legs)
-    at = local_frame(final.sparkSession, sorted(last.items()), T.LATEST_TIMES)
-    close = closes(T.closing_trades(final, day, at).collect()) if last else {}
+    close: dict[str, Decimal] = {}
+    if last:  # an empty day has no close to find, and no query is run for it
+        at = local_frame(final.sparkSession, sorted(last.items()), T.LATEST_TIMES)
+        close = closes(T.closing_trades(final, day, at).collect())
     return net_legs(legs, day, close)
 
 
