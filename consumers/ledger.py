@@ -18,6 +18,7 @@ uncommitted for the site to retry.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ _COPY_STAGE = f"copy trades_stage ({', '.join(STAGE_COLUMNS)}) from stdin"
 # violation (a CHECK or NOT NULL; the trade_id dedupe path never raises one), 54 program
 # limit exceeded (e.g. a key too long for a btree index).
 PERMANENT_CLASSES = frozenset({"22", "23", "54"})
+# The keys a replayed trade id breaks: the registry's, or its day's partition of `trades`.
+_REPLAY_KEY = re.compile(r"trade_ids_pkey|trades_\d{8}_pkey")
 MAX_REASON = 2_000  # characters of a dead letter's reason that are kept
 
 T = TypeVar("T")
@@ -187,6 +190,8 @@ class Ledger:
         # Whether the next batch tries a plain insert first (see _insert_staged): only after a
         # batch without replays, so a replay window pays for at most one failed attempt.
         self.optimistic = False
+        # The trade dates whose partition of `trades` is known to exist (see _partitions).
+        self.days: set[Any] = set()
 
     def _params(self, **kw: Any) -> dict[str, Any]:
         return {"group": self.group, "topic": self.topic, "site": self.site, **kw}
@@ -306,6 +311,8 @@ class Ledger:
                 staged = [i for i in staged if i not in gone]
             elif lines:
                 self._copy(cur, lines)
+            if staged:
+                self._partitions(cur)
             # 2. Compare-and-set on the stored offsets (row locks until commit).
             self._check_offsets(cur, parts, expected)
             # 3. Close markers before trades: a marker earlier in this batch closes its day for
@@ -405,19 +412,40 @@ class Ledger:
         2.6-2.9 for a plain insert, benchmarks/ingest_db.py), a price every batch pays for the
         few that hold replays. So after a batch without replays the plain insert goes first,
         in a savepoint: a replay in it (the trade's primary key) rolls it back and the batch
-        takes ``on conflict`` as before, with the same winner (the first staged copy)."""
+        takes ``on conflict`` as before, with the same winner (the first staged copy). The
+        replay is refused by the registry's key or, a copy of the same day, by its day's
+        partition's (PostgreSQL runs the registry's insert, a WITH query the insert does not
+        read, after it)."""
         if self.optimistic:
             try:
                 with cur.connection.transaction():  # a savepoint: the batch's work so far stays
                     cur.execute(q("ingest", "insert_staged_new"))
                     return cur.rowcount
             except psycopg.errors.UniqueViolation as e:
-                if e.diag.constraint_name != "trades_pkey":
+                if not _REPLAY_KEY.fullmatch(e.diag.constraint_name or ""):
                     raise
             self.optimistic = False
         cur.execute(q("ingest", "insert_staged"))
         self.optimistic = cur.rowcount == n_staged
         return cur.rowcount
+
+    def _partitions(self, cur: psycopg.Cursor[Any]) -> None:
+        """Create the partitions of `trades` the staged days lack (a day's first batch).
+
+        On a connection of its own, committed at once: creating one locks `trades` against
+        other creators until commit, and a site frozen inside its batch must not hold that
+        (the other site would wait for the day's partition). Later batches of a known day
+        pay one query over the staged rows."""
+        row = cur.execute(q("ingest", "new_staged_days"), {"known": sorted(self.days)}
+                          ).fetchone()
+        days = row[0] if row and row[0] else []
+        if days:
+            with open_connection(self.dsn, autocommit=True, application_name=(
+                    f"settle-site-{self.site}-partitions")) as ddl:
+                for name, ms in self.timeouts.items():
+                    ddl.execute("select set_config(%s, %s, false)", (name, f"{ms}ms"))
+                ddl.execute(q("ingest", "ensure_partitions"), {"days": days})
+            self.days.update(days)
 
     def _copy(self, cur: psycopg.Cursor[Any], lines: Sequence[str]) -> int:
         with cur.copy(_COPY_STAGE) as copy:

@@ -12,8 +12,9 @@ written as Parquet by Spark and removed from the ledgers; brought back on reques
    published the day) in the settlement database, all of the day's tables in one
    transaction;
 
-and only then deletes the day's rows from each ledger, each ledger in one transaction that
-refuses to delete a different number of rows than the manifest holds. A run that stops in
+and only then deletes the day's rows from each ledger (its partition of ``trades`` is detached
+and dropped), each ledger in one transaction that refuses to delete a different number of
+rows than the manifest holds. A run that stops in
 between is finished by the next (a day whose manifest is committed only has its deletion
 left). The settlement database keeps everything published about the day (positions,
 versions, instructions, report facts), so its audit report still opens.
@@ -129,6 +130,8 @@ def restore(settings: Settings, day: dt.date) -> dict[str, Any]:
         with connect(dsn) as conn, conn.transaction():
             # A restore that stopped half-way left some rows: they go, the whole day comes in.
             conn.execute(q("archive", f"delete_{part.table}"), {"trade_date": day})
+            if part.table == "trades":
+                conn.execute(q("archive", "trade_partition"), {"trade_date": day})
         if part.rows:
             _jdbc_append(frame, dsn, part.table)
         back = _figures(_read(spark, dsn, part.table, day))
@@ -182,7 +185,9 @@ def _remove(admin: Settings, day: dt.date) -> int:
     for ledger in LEDGERS:
         with connect(admin.ledger_dsn(ledger)) as conn, conn.transaction():
             for table in TABLES:
-                n = conn.execute(q("archive", f"delete_{table}"), {"trade_date": day}).rowcount
+                row = conn.execute(q("archive", f"delete_{table}"), {"trade_date": day}
+                                   ).fetchone()
+                n = int(row[0]) if row else 0
                 if n not in (0, counts.get((ledger, table), 0)):
                     raise ArchiveError(
                         f"{day} {ledger}.{table}: {n} rows to delete, the archive holds "

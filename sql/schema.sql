@@ -18,6 +18,23 @@ CREATE FUNCTION public.close_lock_held(d date, holder integer) RETURNS boolean
           and k.classid = ((public.close_lease_key(d) >> 32) & 4294967295)::oid
           and k.objid = (public.close_lease_key(d) & 4294967295)::oid)
 $$;
+CREATE FUNCTION public.drop_trade_partition(d date) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+declare
+    part text := 'trades_' || to_char(d, 'YYYYMMDD');
+    n bigint;
+begin
+    if to_regclass('public.' || part) is null then
+        return 0;
+    end if;
+    execute format('select count(*) from public.%I', part) into n;
+    execute format('alter table public.trades detach partition public.%I', part);
+    execute format('drop table public.%I', part);
+    return n;
+end
+$$;
 CREATE FUNCTION public.end_expired_close(d date) RETURNS boolean
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path TO 'pg_catalog', 'pg_temp'
@@ -41,6 +58,33 @@ begin
         return false;
     end if;
     return pg_catalog.pg_terminate_backend(holder_pid);
+end
+$$;
+CREATE FUNCTION public.ensure_trade_partitions(days date[]) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+declare
+    d date;
+    part text;
+    made integer := 0;
+begin
+    foreach d in array days loop
+        continue when d is null;
+        part := 'trades_' || to_char(d, 'YYYYMMDD');
+        continue when to_regclass('public.' || part) is not null;
+        -- Creators queue here (the mode conflicts with itself, not with inserts), and taking
+        -- it reads the catalog changes other sessions committed: a day made while we waited
+        -- is then seen (an advisory lock would not refresh the catalog cache).
+        lock table public.trades in share update exclusive mode;
+        continue when to_regclass('public.' || part) is not null;
+        execute format('create table public.%I (like public.trades including defaults '
+                       'including constraints)', part);
+        execute format('alter table public.trades attach partition public.%I '
+                       'for values from (%L) to (%L)', part, d, d + 1);
+        made := made + 1;
+    end loop;
+    return made;
 end
 $$;
 CREATE FUNCTION public.settlement_runs_append_only() RETURNS trigger
@@ -481,25 +525,32 @@ CREATE TABLE public.trade_amendments (
     CONSTRAINT trade_amendments_quantity_check CHECK ((quantity > 0)),
     CONSTRAINT trade_amendments_seq_check CHECK ((seq > 0))
 );
-CREATE TABLE public.trades (
+CREATE TABLE public.trade_ids (
     trade_id text NOT NULL,
     trade_date date NOT NULL,
-    seq bigint NOT NULL,
     kafka_partition integer NOT NULL,
-    kafka_offset bigint NOT NULL,
-    symbol text NOT NULL,
-    price numeric(18,4) NOT NULL,
-    quantity bigint NOT NULL,
-    buyer text NOT NULL,
-    seller text NOT NULL,
-    executed_at timestamp with time zone NOT NULL,
-    site text NOT NULL,
-    ingested_at timestamp with time zone DEFAULT now() NOT NULL,
+    kafka_offset bigint NOT NULL
+);
+CREATE TABLE public.trades (
+    trade_id text CONSTRAINT trades_trade_id_not_null1 NOT NULL,
+    trade_date date CONSTRAINT trades_trade_date_not_null1 NOT NULL,
+    seq bigint CONSTRAINT trades_seq_not_null1 NOT NULL,
+    kafka_partition integer CONSTRAINT trades_kafka_partition_not_null1 NOT NULL,
+    kafka_offset bigint CONSTRAINT trades_kafka_offset_not_null1 NOT NULL,
+    symbol text CONSTRAINT trades_symbol_not_null1 NOT NULL,
+    price numeric(18,4) CONSTRAINT trades_price_not_null1 NOT NULL,
+    quantity bigint CONSTRAINT trades_quantity_not_null1 NOT NULL,
+    buyer text CONSTRAINT trades_buyer_not_null1 NOT NULL,
+    seller text CONSTRAINT trades_seller_not_null1 NOT NULL,
+    executed_at timestamp with time zone CONSTRAINT trades_executed_at_not_null1 NOT NULL,
+    site text CONSTRAINT trades_site_not_null1 NOT NULL,
+    ingested_at timestamp with time zone DEFAULT now() CONSTRAINT trades_ingested_at_not_null1 NOT NULL,
     CONSTRAINT trades_check CHECK ((seller <> buyer)),
     CONSTRAINT trades_price_check CHECK ((price > (0)::numeric)),
     CONSTRAINT trades_quantity_check CHECK ((quantity > 0)),
     CONSTRAINT trades_seq_check CHECK ((seq > 0))
-);
+)
+PARTITION BY RANGE (trade_date);
 ALTER TABLE ONLY public.ingest_batches ALTER COLUMN id SET DEFAULT nextval('public.ingest_batches_id_seq'::regclass);
 ALTER TABLE ONLY public.reclose_decisions ALTER COLUMN decision_id SET DEFAULT nextval('public.reclose_decisions_decision_id_seq'::regclass);
 ALTER TABLE ONLY public.settlement_runs ALTER COLUMN run_id SET DEFAULT nextval('public.settlement_runs_run_id_seq'::regclass);
@@ -558,8 +609,10 @@ ALTER TABLE ONLY public.settlement_runs
     ADD CONSTRAINT settlement_runs_pkey PRIMARY KEY (run_id);
 ALTER TABLE ONLY public.site_heartbeats
     ADD CONSTRAINT site_heartbeats_pkey PRIMARY KEY (id);
+ALTER TABLE ONLY public.trade_ids
+    ADD CONSTRAINT trade_ids_pkey PRIMARY KEY (trade_id);
 ALTER TABLE ONLY public.trades
-    ADD CONSTRAINT trades_pkey PRIMARY KEY (trade_id);
+    ADD CONSTRAINT trades_pkey PRIMARY KEY (trade_date, trade_id);
 CREATE INDEX close_markers_ingested ON public.close_markers USING btree (ingested_at);
 CREATE INDEX dead_letters_trade_date ON public.dead_letters USING btree (trade_date) WHERE (trade_date IS NOT NULL);
 CREATE INDEX ingest_batches_time ON public.ingest_batches USING btree (committed_at);
@@ -578,7 +631,6 @@ CREATE INDEX site_heartbeats_site_time ON public.site_heartbeats USING btree (si
 CREATE INDEX site_heartbeats_time ON public.site_heartbeats USING btree (beat_at);
 CREATE INDEX trade_amendments_date_partition_seq ON public.trade_amendments USING btree (trade_date, kafka_partition, seq);
 CREATE UNIQUE INDEX trade_amendments_identity ON public.trade_amendments USING btree (trade_id, kind, COALESCE(version, 0));
-CREATE INDEX trades_date_partition_seq ON public.trades USING btree (trade_date, kafka_partition, seq);
 CREATE TRIGGER settlement_runs_append_only BEFORE UPDATE ON public.settlement_runs FOR EACH ROW EXECUTE FUNCTION public.settlement_runs_append_only();
 ALTER TABLE ONLY public.audit_reports
     ADD CONSTRAINT audit_reports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.settlement_runs(run_id);

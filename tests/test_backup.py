@@ -17,7 +17,7 @@ SCHEMA = (Path(__file__).resolve().parent.parent / "sql" / "schema.sql").read_te
 NOT_PUBLISHED = {"settlement_runs", "close_leases", "reclose_decisions", "day_archives",
                  "data_loss_events", "late_amendments", "amended_close_markers",
                  "close_markers", "trades", "trade_amendments", "dead_letters",
-                 "ingest_batches"}
+                 "ingest_batches", "trade_ids"}
 
 
 def _columns() -> dict[str, set[str]]:

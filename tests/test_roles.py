@@ -16,6 +16,8 @@ DAY = "2026-11-23"
 TRADE = ("insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset,"
          " symbol, price, quantity, buyer, seller, executed_at, site) values"
          " ('R1', '2026-11-23', 1, 0, 0, 'AAPL', 1.5, 10, 'A', 'B', now(), 'a')")
+# A day's partition of `trades` (sql/migrations/0023): the sites and the close may add one.
+PARTITION = "select ensure_trade_partitions(array['2026-11-23'::date])"
 POSITION = "insert into positions values ('2026-11-23', 'A', 'AAPL', 1, 0, 1, 1.5, 0, -1.5, 1)"
 DEAD = ("insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site)"
         " values ('t', 0, 1, '\\x00', 'bad', 'a')")
@@ -76,7 +78,8 @@ def test_tcp_logins_need_the_right_password(isolated: Isolated) -> None:
 def test_sites_append_and_move_only_their_offsets(isolated: Isolated) -> None:
     s = isolated.settings
     for site in ("site_a", "site_b"):
-        _run(s, site, TRADE.replace("'R1'", f"'R-{site}'"))
+        _run(s, site, PARTITION, TRADE.replace("'R1'", f"'R-{site}'"),
+             f"insert into trade_ids values ('R-{site}', '2026-11-23', 0, 0)")
     _run(s, "site_a", DEAD, MARKER, BATCH, HEARTBEAT, OFFSET,
          "create temp table stage (like trades)",
          "update consumer_offsets set next_offset = 5 where consumer_group = 'g'",
@@ -90,7 +93,10 @@ def test_sites_append_and_move_only_their_offsets(isolated: Isolated) -> None:
         _refused(s, "site_a", f"delete from {table}")
     for sql in (POSITION, "delete from settlement_runs", "truncate trades",
                 "create table evil (x int)", "copy (select 1) to program 'true'",
-                "alter table trades add column evil int", "create role evil"):
+                "alter table trades add column evil int", "create role evil",
+                "select drop_trade_partition('2026-11-23')",
+                "alter table trades detach partition trades_20261123",
+                "delete from trade_ids", "update trade_ids set trade_date = '2026-01-01'"):
         _refused(s, "site_b", sql)
 
 
@@ -131,8 +137,11 @@ def test_the_audit_trail_is_append_only_except_for_the_admin(isolated: Isolated)
 
 def test_settlement_reads_the_ledgers_and_cannot_write_them(isolated: Isolated) -> None:
     s = isolated.settings
-    _run(s, "settlement", "select count(*) from trades, consumer_offsets, close_markers")
-    for sql in (TRADE, "update consumer_offsets set next_offset = 0", "delete from trades"):
+    _run(s, "settlement", "select count(*) from trades, consumer_offsets, close_markers",
+         PARTITION, "select count(*) from trade_ids")
+    for sql in (TRADE, "insert into trade_ids values ('R9', '2026-11-23', 0, 0)",
+                "select drop_trade_partition('2026-11-23')",
+                "update consumer_offsets set next_offset = 0", "delete from trades"):
         _refused(s, "settlement", sql)
 
 

@@ -9,6 +9,7 @@ choice carries a sentence an operator can read in the Airflow UI and the audit r
 from __future__ import annotations
 
 import dataclasses
+import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,6 +27,8 @@ from settlement.eod.model import (
     PartitionStats,
     SourceChoice,
 )
+
+log = logging.getLogger(__name__)
 
 
 def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerState | None:
@@ -49,7 +52,21 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
                     {"topic": settings.topic, "trade_date": trade_date}))
     except psycopg.Error:
         return None
+    _partitions_ahead(settings, ledger, trade_date)
     return LedgerState(ledger, markers, stats, prev, loss)
+
+
+def _partitions_ahead(settings: Settings, ledger: str, trade_date: str) -> None:
+    """The ledger's partitions of `trades` for the closing day and the week after it, made
+    ahead of the sites (sql/migrations/0023): the next days' first batches then find theirs.
+    A failure costs the close nothing (a site makes a missing day's partition itself); it
+    is logged."""
+    try:
+        with open_connection(settings.ledger_dsn(ledger), autocommit=True) as conn:
+            conn.execute(q("eod", "partitions_ahead"), {"trade_date": trade_date})
+    except psycopg.Error as e:
+        log.warning("ledger %s: the partitions after %s were not made ahead: %s", ledger,
+                    trade_date, str(e).strip()[:300])
 
 
 def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:

@@ -42,14 +42,25 @@ select trade_date::text, ledger, table_name, row_count, published_run, archived_
        removed_at, restored_at
 from day_archives order by trade_date, ledger, table_name
 
+-- The delete_<table> statements each return how many rows left the ledger.
+
 -- name: delete_trades
-delete from trades where trade_date = %(trade_date)s
+-- The day's partition of `trades`, counted, detached and dropped (sql/migrations/0023); the
+-- trade ids stay in trade_ids, so none is ever taken again.
+select drop_trade_partition(%(trade_date)s)
 
 -- name: delete_trade_amendments
-delete from trade_amendments where trade_date = %(trade_date)s
+with gone as (delete from trade_amendments where trade_date = %(trade_date)s returning 1)
+select count(*) from gone
 
 -- name: delete_dead_letters
-delete from dead_letters where trade_date = %(trade_date)s
+with gone as (delete from dead_letters where trade_date = %(trade_date)s returning 1)
+select count(*) from gone
 
 -- name: delete_late_amendments
-delete from late_amendments where trade_date = %(trade_date)s
+with gone as (delete from late_amendments where trade_date = %(trade_date)s returning 1)
+select count(*) from gone
+
+-- name: trade_partition
+-- The day's partition of `trades`, back before its rows are restored.
+select ensure_trade_partitions(array[%(trade_date)s::date])

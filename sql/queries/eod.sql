@@ -18,6 +18,12 @@ select kafka_partition, max(kafka_offset) from close_markers
 where trade_date < %(trade_date)s
 group by kafka_partition
 
+-- name: partitions_ahead
+-- The closing day's partition of `trades` and the next seven days' (sql/migrations/0023).
+select ensure_trade_partitions(array(
+  select d::date from generate_series(%(trade_date)s::date, %(trade_date)s::date + 7,
+                                      interval '1 day') d))
+
 -- name: partition_stats
 -- Per partition: the day's trades, its distinct seqs, highest seq and first offset over the
 -- trades and the cancels and corrections (they take seqs too), and the amendments.

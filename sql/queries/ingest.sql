@@ -38,20 +38,39 @@ from unnest(%(partitions)s::int[], %(next_offsets)s::bigint[]) as v (kafka_parti
 where o.consumer_group = %(group)s and o.topic = %(topic)s
   and o.kafka_partition = v.kafka_partition
 
+-- name: new_staged_days
+-- The staged trade dates not among those the site knows to have their partition of `trades`.
+select array_agg(distinct trade_date) from trades_stage
+where trade_date <> all (%(known)s::date[])
+
+-- name: ensure_partitions
+-- Each day's partition of `trades` (sql/migrations/0023), created if missing.
+select ensure_trade_partitions(%(days)s::date[])
+
 -- name: insert_staged
--- When a replay and its original land in one batch, the first staged row (the lower offset:
--- a trade's copies share its symbol key, hence one partition, and COPY keeps consumption
--- order in a fresh temp table's heap) wins; no ORDER BY, so no sort per batch.
+-- A trade id goes into the registry (trade_ids, the idempotency key across all days) and the
+-- copy the registry kept into `trades`, in one statement. When a replay and its original land
+-- in one batch, the first staged row (the lower offset: a trade's copies share its symbol
+-- key, hence one partition, and COPY keeps consumption order in a fresh temp table's heap)
+-- wins; no ORDER BY, so no sort per batch.
+with kept as (
+  insert into trade_ids (trade_id, trade_date, kafka_partition, kafka_offset)
+  select trade_id, trade_date, kafka_partition, kafka_offset from trades_stage
+  on conflict (trade_id) do nothing
+  returning kafka_partition, kafka_offset)
 insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
                     quantity, buyer, seller, executed_at, site)
-select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
-       quantity, buyer, seller, executed_at, site
-from trades_stage
-on conflict (trade_id) do nothing
+select s.trade_id, s.trade_date, s.seq, s.kafka_partition, s.kafka_offset, s.symbol, s.price,
+       s.quantity, s.buyer, s.seller, s.executed_at, s.site
+from trades_stage s
+join kept k on k.kafka_partition = s.kafka_partition and k.kafka_offset = s.kafka_offset
 
 -- name: insert_staged_new
 -- insert_staged when no staged trade is stored yet nor staged twice (consumers.ledger tries it
--- first after a batch without replays): any replay fails it on trades_pkey.
+-- first after a batch without replays): any replay fails it on trade_ids_pkey.
+with ids as (
+  insert into trade_ids (trade_id, trade_date, kafka_partition, kafka_offset)
+  select trade_id, trade_date, kafka_partition, kafka_offset from trades_stage)
 insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
                     quantity, buyer, seller, executed_at, site)
 select trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
@@ -76,15 +95,22 @@ where s.kafka_partition = d.kafka_partition and s.kafka_offset = d.kafka_offset
 -- name: insert_staged_subset
 -- insert_staged for some staged rows only (narrowing down a refused batch), in batch order so
 -- that the first copy of a replayed trade still wins.
+with kept as (
+  insert into trade_ids (trade_id, trade_date, kafka_partition, kafka_offset)
+  select s.trade_id, s.trade_date, s.kafka_partition, s.kafka_offset
+  from unnest(%(partitions)s::int[], %(offsets)s::bigint[]) with ordinality
+       as k (kafka_partition, kafka_offset, n)
+  join trades_stage s on s.kafka_partition = k.kafka_partition
+                     and s.kafka_offset = k.kafka_offset
+  order by k.n
+  on conflict (trade_id) do nothing
+  returning kafka_partition, kafka_offset)
 insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol, price,
                     quantity, buyer, seller, executed_at, site)
 select s.trade_id, s.trade_date, s.seq, s.kafka_partition, s.kafka_offset, s.symbol, s.price,
        s.quantity, s.buyer, s.seller, s.executed_at, s.site
-from unnest(%(partitions)s::int[], %(offsets)s::bigint[]) with ordinality
-     as k (kafka_partition, kafka_offset, n)
-join trades_stage s on s.kafka_partition = k.kafka_partition and s.kafka_offset = k.kafka_offset
-order by k.n
-on conflict (trade_id) do nothing
+from trades_stage s
+join kept k on k.kafka_partition = s.kafka_partition and k.kafka_offset = s.kafka_offset
 
 -- name: insert_dead_letter
 insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site, trade_date)
@@ -103,17 +129,21 @@ select last_seq, kafka_offset from close_markers
 where trade_date = %(trade_date)s and kafka_partition = %(partition)s
 
 -- name: conflicting_staged
--- Staged copies that were not inserted (the trade id was kept from another offset) and whose
--- content differs from the kept copy's: conflicting replays, not duplicates. Typed equality,
--- so 10.5 = 10.50 and equal instants in other zones are the same trade, as in
--- consumers.parse.fingerprint. Runs only when a batch had replays.
-select s.kafka_partition, s.kafka_offset, s.trade_id, t.kafka_partition, t.kafka_offset
+-- Staged copies that were not kept (the registry holds the trade id from another offset) and
+-- whose content differs from the kept copy's: conflicting replays, not duplicates. Typed
+-- equality, so 10.5 = 10.50 and equal instants in other zones are the same trade, as in
+-- consumers.parse.fingerprint. A copy of another trade date conflicts by the registry alone
+-- (the kept copy's day may be archived); one of the same date is compared with the kept row,
+-- found in its day's partition. Runs only when a batch had replays.
+select s.kafka_partition, s.kafka_offset, s.trade_id, r.kafka_partition, r.kafka_offset
 from trades_stage s
-join trades t on t.trade_id = s.trade_id
-where (s.kafka_partition, s.kafka_offset) <> (t.kafka_partition, t.kafka_offset)
-  and (s.trade_date, s.seq, s.symbol, s.price, s.quantity, s.buyer, s.seller, s.executed_at)
-      is distinct from
-      (t.trade_date, t.seq, t.symbol, t.price, t.quantity, t.buyer, t.seller, t.executed_at)
+join trade_ids r on r.trade_id = s.trade_id
+left join trades t on t.trade_date = r.trade_date and t.trade_id = r.trade_id
+where (s.kafka_partition, s.kafka_offset) <> (r.kafka_partition, r.kafka_offset)
+  and (s.trade_date <> r.trade_date
+       or (s.trade_date, s.seq, s.symbol, s.price, s.quantity, s.buyer, s.seller, s.executed_at)
+          is distinct from
+          (t.trade_date, t.seq, t.symbol, t.price, t.quantity, t.buyer, t.seller, t.executed_at))
 
 -- name: insert_batch
 insert into ingest_batches (site, messages, inserted, duplicates, dead_letters, close_markers,
@@ -160,13 +190,14 @@ where consumer_group = %(group)s and topic = %(topic)s and kafka_partition = %(p
 
 -- name: amended_trade
 -- What an amendment is checked against (consumers.parse.amendment_refusal): the trade, where
--- it is, its current version and whether it is cancelled.
+-- it is, its current version and whether it is cancelled. The registry answers where (and
+-- one lookup, not one per day's partition).
 select t.trade_date, t.kafka_partition, t.kafka_offset,
        coalesce((select max(a.version) from trade_amendments a
                  where a.trade_id = t.trade_id and a.kind = 'correct'), 1),
        exists (select 1 from trade_amendments a
                where a.trade_id = t.trade_id and a.kind = 'cancel')
-from trades t where t.trade_id = %(trade_id)s
+from trade_ids t where t.trade_id = %(trade_id)s
 
 -- name: amendment_copy
 -- The kept amendment of this identity, and whether the new copy equals it in typed terms (a

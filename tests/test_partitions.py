@@ -1,0 +1,122 @@
+"""`trades` partitioned by trade date (issue 60, item 1; sql/migrations/0023) against the real
+PostgreSQL: a day's partition made by the site that meets the day first, a trade id unique
+across every day through the `trade_ids` registry (a replay across a partition boundary is a
+conflicting replay, also once the kept copy's day was archived), the close making the week
+ahead, and two creators racing on the same days."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import psycopg
+import pytest
+
+from settlement.db import connect
+from settlement.eod.sources import ledger_state
+from tests.conftest import Isolated
+from tests.test_ledger import DATE, Builder, _ledger, _rows, _write
+
+pytestmark = pytest.mark.services
+NEXT = "2026-11-24"
+
+
+def _partitions(iso: Isolated, ledger: str = "a") -> list[str]:
+    with connect(iso.settings.ledger_dsn(ledger)) as conn:
+        return [r[0] for r in conn.execute(
+            "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+            " where i.inhparent = 'trades'::regclass order by 1")]
+
+
+def _conflict(kept_offset: int) -> str:
+    return ("conflicting replay of trade 'T000001': its fields differ from the copy kept at "
+            f"partition 0 offset {kept_offset}")
+
+
+def test_a_site_makes_a_days_partition_and_keeps_a_trade_id_unique_across_days(
+        isolated: Isolated) -> None:
+    ledger = _ledger(isolated)
+    assert _partitions(isolated) == []
+    res = _write(ledger, Builder().good(1, 0, 0).good(2, 0, 1))
+    assert (res.inserted, res.refused, res.dead_letters) == (2, 0, 0), res
+    assert _partitions(isolated) == ["trades_20261123"]
+    assert ledger.optimistic  # a clean batch: the next one tries the plain insert first
+    # T1 again with the next day's date: the registry holds T1 (at offset 0), so the copy is
+    # refused across the partition boundary, on the plain insert and on its fallback alike,
+    # and dead-lettered as a conflicting replay; T3 of the next day is stored in its own
+    # partition, made by this batch.
+    res = _write(ledger, Builder().good(1, 0, 2, trade_date=NEXT, seq=3)
+                 .good(3, 0, 3, trade_date=NEXT))
+    assert (res.inserted, res.duplicates, res.dead_letters, res.refused) == (1, 0, 1, 0), res
+    assert _partitions(isolated) == ["trades_20261123", "trades_20261124"]
+    assert _rows(isolated, "select trade_id, trade_date::text from trades order by 1") == [
+        ("T000001", DATE), ("T000002", DATE), ("T000003", NEXT)]
+    assert _rows(isolated, "select trade_id, trade_date::text, kafka_offset from trade_ids"
+                           " order by 1") == [("T000001", DATE, 0), ("T000002", DATE, 1),
+                                              ("T000003", NEXT, 3)]
+    assert _rows(isolated, "select kafka_offset, reason from dead_letters") == [
+        (2, _conflict(0))]
+    # In one batch too: the first staged copy wins, the other day's copy is the conflict.
+    res = _write(ledger, Builder().good(4, 0, 4).good(4, 0, 5, trade_date=NEXT))
+    assert (res.inserted, res.dead_letters) == (1, 1), res
+    assert _rows(isolated, "select trade_date::text from trades where trade_id = 'T000004'"
+                 ) == [(DATE,)]
+
+
+def test_a_replay_of_an_archived_days_trade_is_still_refused(isolated: Isolated) -> None:
+    """Archiving drops the day's partition but leaves its ids in the registry: a copy of an
+    archived trade with another date is a conflicting replay, never a new trade."""
+    ledger = _ledger(isolated)
+    _write(ledger, Builder().good(1, 0, 0).good(2, 0, 1))
+    with connect(isolated.settings.for_component("admin").ledger_dsn("a")) as conn:
+        assert conn.execute("select drop_trade_partition(%s)", (DATE,)).fetchone() == (2,)
+        assert conn.execute("select drop_trade_partition(%s)", (DATE,)).fetchone() == (0,)
+        conn.commit()
+    assert _partitions(isolated) == []
+    res = _write(ledger, Builder().good(1, 0, 2, trade_date=NEXT, seq=3))
+    assert (res.inserted, res.dead_letters) == (0, 1), res
+    assert _rows(isolated, "select count(*) from trades") == [(0,)]
+    assert _rows(isolated, "select kafka_offset, reason from dead_letters") == [
+        (2, _conflict(0))]
+
+
+def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
+        isolated: Isolated) -> None:
+    s = isolated.settings
+    assert ledger_state(s.for_component("settlement"), "b", DATE) is not None
+    assert _partitions(isolated, "b") == [
+        f"trades_{(dt.date(2026, 11, 23) + dt.timedelta(days=n)):%Y%m%d}" for n in range(8)]
+    # Four sessions (the sites' role) ask for the same twelve new days at once, in opposite
+    # orders, while a fifth inserts into a day that exists: each day is made once, nobody
+    # deadlocks or waits on the inserts.
+    days = [dt.date(2027, 1, 1) + dt.timedelta(days=n) for n in range(12)]
+    site = s.for_component("site_a").ledger_dsn("b")
+    made: list[int] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def create(order: list[dt.date]) -> None:
+        try:
+            with psycopg.connect(site, autocommit=True) as conn:
+                start.wait(timeout=30)
+                made.append(conn.execute("select ensure_trade_partitions(%s::date[])",
+                                         (order,)).fetchone()[0])
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=create, args=(o,))
+               for o in (days, days[::-1], days, days[::-1])]
+    for t in threads:
+        t.start()
+    with psycopg.connect(site) as conn:
+        conn.execute("set lock_timeout = '5s'")
+        conn.execute("insert into trades (trade_id, trade_date, seq, kafka_partition,"
+                     " kafka_offset, symbol, price, quantity, buyer, seller, executed_at, site)"
+                     " values ('R1', %s, 1, 0, 0, 'AAPL', 1.5, 10, 'A', 'B', now(), 'a')",
+                     (DATE,))
+        conn.commit()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert sorted(made, reverse=True)[0] >= 1 and sum(made) == len(days), made
+    assert len(_partitions(isolated, "b")) == 8 + len(days)
