@@ -92,7 +92,7 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
     days = [dt.date(2027, 1, 1) + dt.timedelta(days=n) for n in range(12)]
     site = s.for_component("site_a").ledger_dsn("b")
     made: list[int] = []
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
     start = threading.Barrier(4)
 
     def create(order: list[dt.date]) -> None:
@@ -101,7 +101,7 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
                 start.wait(timeout=30)
                 made.append(conn.execute("select ensure_trade_partitions(%s::date[])",
                                          (order,)).fetchone()[0])
-        except BaseException as e:  # reported below
+        except (psycopg.Error, threading.BrokenBarrierError) as e:  # reported below
             errors.append(e)
 
     threads = [threading.Thread(target=create, args=(o,))
@@ -120,3 +120,48 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
     assert not errors, errors
     assert sorted(made, reverse=True)[0] >= 1 and sum(made) == len(days), made
     assert len(_partitions(isolated, "b")) == 8 + len(days)
+
+
+def test_an_existing_ledger_moves_into_the_partitioned_table(isolated: Isolated) -> None:
+    """A ledger migrated before 0023, with trades of two days, migrated: every row in its
+    day's partition, every id in the registry, the old table gone."""
+    from psycopg.conninfo import make_conninfo
+
+    from settlement.db import migrate_database, migrations
+
+    admin = isolated.settings.for_component("admin").ledger_dsn("a")
+    name = f"{isolated.name}_premig"
+    dsn = make_conninfo(admin, dbname=name)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')  # type: ignore[arg-type]
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("create table schema_migrations (version integer primary key,"
+                         " name text not null, checksum text not null,"
+                         " applied_at timestamptz not null default now())")
+            for m in migrations():
+                if m.version >= 23:
+                    break
+                conn.execute(m.sql)  # type: ignore[arg-type]
+                conn.execute("insert into schema_migrations values (%s, %s, %s)",
+                             (m.version, m.name, m.checksum))
+            for n, day in enumerate((DATE, DATE, NEXT), start=1):
+                conn.execute("insert into trades (trade_id, trade_date, seq, kafka_partition,"
+                             " kafka_offset, symbol, price, quantity, buyer, seller,"
+                             " executed_at, site) values (%s, %s, %s, 0, %s, 'AAPL', 1.5, 10,"
+                             " 'A', 'B', now(), 'a')", (f"T{n}", day, n, n))
+            conn.commit()
+        assert migrate_database(dsn) == [m.path.name for m in migrations() if m.version >= 23]
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute("select tableoid::regclass::text, trade_id from trades"
+                                " order by 2").fetchall()
+            assert rows == [("trades_20261123", "T1"), ("trades_20261123", "T2"),
+                            ("trades_20261124", "T3")]
+            assert conn.execute("select trade_id, trade_date::text, kafka_offset from trade_ids"
+                                " order by 1").fetchall() == [
+                ("T1", DATE, 1), ("T2", DATE, 2), ("T3", NEXT, 3)]
+            assert conn.execute("select to_regclass('trades_unpartitioned')").fetchone() == (
+                None,)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'drop database if exists "{name}" with (force)')  # type: ignore
