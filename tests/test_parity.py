@@ -686,6 +686,10 @@ def store_and_read_back(spark: SparkSession, dsn: str, msgs: Sequence[Msg],  # n
         with cur.copy(f"copy trades_stage ({', '.join(C.STAGE_COLUMNS)}) from stdin") as copy:
             copy.write("".join(lines))
         assert cur.rowcount == len(lines)
+        # Each date's partition of `trades`, as a site makes it (consumers.ledger._partitions):
+        # the corpus's dates run to the contract's bounds.
+        days = [r[0] for r in cur.execute("select distinct trade_date from trades_stage")]
+        cur.execute(q("ingest", "ensure_partitions"), {"days": days})
         cur.execute(q("ingest", "insert_staged"))
         assert cur.rowcount == len(trades)
         cur.executemany(
