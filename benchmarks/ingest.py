@@ -133,6 +133,8 @@ def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
     c.subscribe([settings.topic])
     n = 0
     with connect(settings.ledger_dsn("a")) as conn:
+        conn.execute("select ensure_trade_partitions(array[%s::date])", (DATE,))
+        conn.commit()
         t0 = time.perf_counter()
         while n < limit:
             m = c.poll(1.0)
@@ -140,10 +142,15 @@ def bench_naive(settings: Settings, limit: int) -> dict[str, Any]:
                 continue
             line = trade_copy_line(decode(m.value(), 16384), m.partition(), m.offset(), "n")
             f = line.rstrip("\n").split("\t")
+            # The trade id's registry and the trade, as a site stores them (sql/queries/
+            # ingest.sql, insert_staged), a message at a time.
             conn.execute(
-                "insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset,"
+                "with kept as (insert into trade_ids values (%s, %s, %s, %s)"
+                " on conflict do nothing returning 1)"
+                " insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_offset,"
                 " symbol, price, quantity, buyer, seller, executed_at, site)"
-                " values (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) on conflict do nothing", f)
+                " select %s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s from kept",
+                [f[0], f[1], f[3], f[4], *f])
             conn.execute(
                 "insert into consumer_offsets (consumer_group, topic, kafka_partition,"
                 " next_offset, site) values ('naive', %s, %s, %s, 'n')"
