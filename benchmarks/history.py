@@ -163,6 +163,7 @@ def copy_next_day(s: Settings, n: int) -> dict[str, Any]:
     with connect(admin.ledger_dsn("a")) as conn:
         secs = copy_into(conn, lines)
         conn.execute("select drop_trade_partition(%s)", (nxt,))
+        conn.execute("delete from trade_ids where trade_date = %s", (nxt,))
         conn.commit()
     return {"trades": n, "seconds": round(secs, 2), "trades_per_second": round(n / secs)}
 

@@ -8,7 +8,8 @@ pre-produces the day on a private topic, then measures in the same run:
   site   - `settle site run` logic (parse + COPY to staging + insert + offsets), --repeat times
   processes - the real `settle site run --processes N` for each N, into a fresh ledger each
   naive  - one INSERT and one COMMIT per message, the textbook exactly-once consumer
-  copy   - the same rows COPYed straight into an empty trades table: the database ceiling,
+  copy   - the same rows COPYed straight into an empty trades table and their ids into the
+           trade_ids registry (what the ledger stores of them): the database ceiling,
            --repeat times, in turns with the site
 Prints one JSON object.
 """
@@ -174,19 +175,31 @@ def copy_lines(trades: int, partitions: int, trade_date: str = DATE,
 
 
 def copy_into(conn: psycopg.Connection, lines: list[str], table: str = "trades") -> float:
-    """``lines`` COPYed into ``table`` and committed, in one transaction: its seconds (the
-    days' partitions of ``trades``, made first, are not timed: a day makes its one once)."""
+    """``lines`` COPYed into ``table`` and committed, in one transaction: its seconds. Into
+    ``trades``, what a ledger stores of them: the rows, and their ids in the ``trade_ids``
+    registry (sql/migrations/0023), a second COPY in the same transaction; the days'
+    partitions, made first, and the registry's lines, built first, are not timed."""
+    ids: list[str] = []
     if table == "trades":
         days = sorted({line.split("\t", 2)[1] for line in lines})
         conn.execute("select ensure_trade_partitions(%s::date[])", (days,))
         conn.commit()
+        for line in lines:  # trade_id, trade_date, seq, kafka_partition, kafka_offset, ...
+            f = line.split("\t", 5)
+            ids.append(f"{f[0]}\t{f[1]}\t{f[3]}\t{f[4]}\n")
     t0 = time.perf_counter()
-    with conn.cursor() as cur, cur.copy(
-        f"copy {table} (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
-        " price, quantity, buyer, seller, executed_at, site) from stdin"
-    ) as copy:
-        for i in range(0, len(lines), 20_000):
-            copy.write("".join(lines[i:i + 20_000]))
+    with conn.cursor() as cur:
+        with cur.copy(
+            f"copy {table} (trade_id, trade_date, seq, kafka_partition, kafka_offset, symbol,"
+            " price, quantity, buyer, seller, executed_at, site) from stdin"
+        ) as copy:
+            for i in range(0, len(lines), 20_000):
+                copy.write("".join(lines[i:i + 20_000]))
+        if ids:
+            with cur.copy("copy trade_ids (trade_id, trade_date, kafka_partition, kafka_offset)"
+                          " from stdin") as copy:
+                for i in range(0, len(ids), 20_000):
+                    copy.write("".join(ids[i:i + 20_000]))
     conn.commit()
     return time.perf_counter() - t0
 
