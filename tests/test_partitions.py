@@ -84,6 +84,8 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
         isolated: Isolated) -> None:
     s = isolated.settings
     assert ledger_state(s.for_component("settlement"), "b", DATE) is not None
+    assert _partitions(isolated, "b") == []  # a sensor's poke reads only
+    assert ledger_state(s.for_component("settlement"), "b", DATE, ahead=True) is not None
     assert _partitions(isolated, "b") == [
         f"trades_{(dt.date(2026, 11, 23) + dt.timedelta(days=n)):%Y%m%d}" for n in range(8)]
     # Four sessions (the sites' role) ask for the same twelve new days at once, in opposite

@@ -31,8 +31,11 @@ from settlement.eod.model import (
 log = logging.getLogger(__name__)
 
 
-def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerState | None:
-    """None when the ledger cannot be reached (it is then not a candidate)."""
+def ledger_state(settings: Settings, ledger: str, trade_date: str, ahead: bool = False
+                 ) -> LedgerState | None:
+    """None when the ledger cannot be reached (it is then not a candidate). ``ahead``: the
+    close's call, which also makes the partitions of the days ahead (``_partitions_ahead``);
+    a sensor's poke only reads."""
     params = {"trade_date": trade_date}
     try:
         with open_connection(settings.ledger_dsn(ledger)) as conn:
@@ -52,7 +55,8 @@ def ledger_state(settings: Settings, ledger: str, trade_date: str) -> LedgerStat
                     {"topic": settings.topic, "trade_date": trade_date}))
     except psycopg.Error:
         return None
-    _partitions_ahead(settings, ledger, trade_date)
+    if ahead:
+        _partitions_ahead(settings, ledger, trade_date)
     return LedgerState(ledger, markers, stats, prev, loss)
 
 
@@ -69,7 +73,8 @@ def _partitions_ahead(settings: Settings, ledger: str, trade_date: str) -> None:
                     trade_date, str(e).strip()[:300])
 
 
-def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]:
+def ledger_states(settings: Settings, trade_date: str, ahead: bool = False
+                  ) -> dict[str, LedgerState]:
     """Every reachable ledger's state of the day (an unreachable one is left out), the
     ledgers asked at once: each answer is a pass over the day (about a second for a 2M day),
     and in two rooms the ledgers are on servers of their own (each site's, the cluster's),
@@ -77,7 +82,7 @@ def ledger_states(settings: Settings, trade_date: str) -> dict[str, LedgerState]
     answers."""
     with ThreadPoolExecutor(max_workers=len(LEDGERS), thread_name_prefix="ledger-state") as pool:
         found = dict(zip(LEDGERS, pool.map(
-            lambda name: ledger_state(settings, name, trade_date), LEDGERS), strict=True))
+            lambda name: ledger_state(settings, name, trade_date, ahead), LEDGERS), strict=True))
     return {name: st for name, st in found.items() if st is not None}
 
 
@@ -228,7 +233,7 @@ def choose_source(settings: Settings, trade_date: str, requested: str = "auto",
     # refusal or timeout, waited for beside the ledgers' queries rather than after them.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="topic-view") as pool:
         asked = pool.submit(topic_view, settings, timeout)
-        states = ledger_states(settings, trade_date)
+        states = ledger_states(settings, trade_date, ahead=True)
         topic = asked.result()
     partitions = day_partitions(settings, trade_date, topic, states)
     known = {"topic_partitions": partitions} if topic.partitions is not None else {}
