@@ -48,8 +48,8 @@ create table trades (
 -- trade, by the close for the days ahead, by an archive restore. Never by hand. Created
 -- standalone and then attached, which locks `trades` only against other attaches (SHARE
 -- UPDATE EXCLUSIVE), not against the other site's inserts; that lock, taken first,
--- serializes the creators, so two sites meeting a new day make one partition. SECURITY DEFINER: the sites'
--- and the close's roles may add a day, not alter the table.
+-- serializes the creators, so two sites meeting a new day make one partition. SECURITY
+-- DEFINER: the sites' and the close's roles may add a day, not alter the table.
 create function ensure_trade_partitions(days date[]) returns integer
 language plpgsql security definer
 set search_path = pg_catalog, pg_temp
