@@ -142,6 +142,8 @@ def load_history(s: Settings, days: int, per_day: int) -> dict[str, Any]:
             ledger.execute(LEDGER_DAY, params)
             ledger.execute(TRADE_IDS, params)
             ledger.execute(MARKERS, params)
+            settlement.execute("select ensure_settlement_partitions(array[%(d)s::date])",
+                               params)
             settlement.execute(SETTLEMENT_DAY, {"d": day, "n": per_day})
             offset += per_day // PARTITIONS + 2
             if n % 10 == 0 or n == days:

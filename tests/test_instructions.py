@@ -268,12 +268,13 @@ def _publish(isolated: Any, trade_date: str, nets: dict[tuple[str, str], Net],
     closing prices (the netting itself is tested elsewhere: here the day's published
     positions are the input)."""
     from settlement.close.pipeline import finish_run, publish, start_run
-    from settlement.db import connect
+    from settlement.db import connect, q
     from settlement.eod.model import SourceChoice
 
     s = isolated.settings.for_component("settlement")
     run = start_run(s, trade_date, SourceChoice("db", "instructions test"))
     with connect(s.settlement_dsn) as conn:
+        conn.execute(q("eod", "settlement_partitions"), {"trade_date": trade_date})
         for (account, symbol), net in nets.items():
             bought, sold = max(net.quantity, 0), max(-net.quantity, 0)
             buy, sell = max(-net.amount, Decimal(0)), max(net.amount, Decimal(0))

@@ -1,13 +1,15 @@
-"""`trades` partitioned by trade date (issue 60, item 1; sql/migrations/0023) against the real
-PostgreSQL: a day's partition made by the site that meets the day first, a trade id unique
-across every day through the `trade_ids` registry (a replay across a partition boundary is a
-conflicting replay, also once the kept copy's day was archived), the close making the week
-ahead, and two creators racing on the same days."""
+"""`trades` partitioned by trade date (issue 60, item 1; sql/migrations/0023; the other tables
+a month a partition, 0024) against the real PostgreSQL: a day's partition made by the site
+that meets the day first, a trade id unique across every day through the `trade_ids`
+registry (a replay across a partition boundary is a conflicting replay, also once the kept
+copy's day was archived), the close making the week ahead, two creators racing on the same
+days, and an existing database migrated."""
 
 from __future__ import annotations
 
 import datetime as dt
 import threading
+from typing import Any
 
 import psycopg
 import pytest
@@ -19,13 +21,18 @@ from tests.test_ledger import DATE, Builder, _ledger, _rows, _write
 
 pytestmark = pytest.mark.services
 NEXT = "2026-11-24"
+LATER = "2026-12-01"
 
 
-def _partitions(iso: Isolated, ledger: str = "a") -> list[str]:
+def _partitions(iso: Isolated, ledger: str = "a", table: str = "trades") -> list[str]:
     with connect(iso.settings.ledger_dsn(ledger)) as conn:
-        return [r[0] for r in conn.execute(
-            "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid"
-            " where i.inhparent = 'trades'::regclass order by 1")]
+        return _children(conn, table)
+
+
+def _children(conn: psycopg.Connection[Any], table: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+        " where i.inhparent = %s::regclass order by 1", (table,))]
 
 
 def _conflict(kept_offset: int) -> str:
@@ -120,13 +127,18 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
     for t in threads:
         t.join(timeout=60)
     assert not errors, errors
-    assert sorted(made, reverse=True)[0] >= 1 and sum(made) == len(days), made
+    # Each day once, and January's month of amendments once (sql/migrations/0024).
+    assert sorted(made, reverse=True)[0] >= 1 and sum(made) == len(days) + 1, made
     assert len(_partitions(isolated, "b")) == 8 + len(days)
+    assert _partitions(isolated, "b", "trade_amendments") == [
+        "trade_amendments_202611", "trade_amendments_202701"]
 
 
-def test_an_existing_ledger_moves_into_the_partitioned_table(isolated: Isolated) -> None:
-    """A ledger migrated before 0023, with trades of two days, migrated: every row in its
-    day's partition, every id in the registry, the old table gone."""
+def test_an_existing_database_moves_into_the_partitioned_tables(isolated: Isolated) -> None:
+    """A database migrated before 0023, with trades of three days over two months, a bust,
+    and a published run, migrated: every row in its day's or month's partition, every id in
+    the registry, a month of amendments for every month with trades, the grants and the
+    versions' view as they were, the old tables gone."""
     from psycopg.conninfo import make_conninfo
 
     from settlement.db import migrate_database, migrations
@@ -147,23 +159,50 @@ def test_an_existing_ledger_moves_into_the_partitioned_table(isolated: Isolated)
                 conn.execute(m.sql)  # type: ignore[arg-type]
                 conn.execute("insert into schema_migrations values (%s, %s, %s)",
                              (m.version, m.name, m.checksum))
-            for n, day in enumerate((DATE, DATE, NEXT), start=1):
+            for n, day in enumerate((DATE, DATE, NEXT, LATER), start=1):
                 conn.execute("insert into trades (trade_id, trade_date, seq, kafka_partition,"
                              " kafka_offset, symbol, price, quantity, buyer, seller,"
                              " executed_at, site) values (%s, %s, %s, 0, %s, 'AAPL', 1.5, 10,"
                              " 'A', 'B', now(), 'a')", (f"T{n}", day, n, n))
+            conn.execute("insert into trade_amendments (trade_id, trade_date, seq,"
+                         " kafka_partition, kafka_offset, kind, reason, site)"
+                         " values ('T2', %s, 9, 0, 9, 'cancel', 'bust', 'a')", (DATE,))
+            run = conn.execute("insert into settlement_runs (trade_date, source, source_reason,"
+                               " status, version) values (%s, 'db', 'x', 'succeeded', 1)"
+                               " returning run_id", (DATE,)).fetchone()[0]
+            for table, run_tag in (("run_positions", (run,)), ("positions", ())):
+                conn.execute(f"insert into {table} values ({'%s, ' * len(run_tag)}%s, 'A',"
+                             " 'AAPL', 10, 0, 10, 15, 0, -15, 1)", (*run_tag, DATE))
             conn.commit()
         assert migrate_database(dsn) == [m.path.name for m in migrations() if m.version >= 23]
         with psycopg.connect(dsn) as conn:
             rows = conn.execute("select tableoid::regclass::text, trade_id from trades"
                                 " order by 2").fetchall()
             assert rows == [("trades_20261123", "T1"), ("trades_20261123", "T2"),
-                            ("trades_20261124", "T3")]
+                            ("trades_20261124", "T3"), ("trades_20261201", "T4")]
             assert conn.execute("select trade_id, trade_date::text, kafka_offset from trade_ids"
                                 " order by 1").fetchall() == [
-                ("T1", DATE, 1), ("T2", DATE, 2), ("T3", NEXT, 3)]
-            assert conn.execute("select to_regclass('trades_unpartitioned')").fetchone() == (
-                None,)
+                ("T1", DATE, 1), ("T2", DATE, 2), ("T3", NEXT, 3), ("T4", LATER, 4)]
+            # 0024: the bust and the run's rows in their month; December, which has trades
+            # and no amendment yet, has its month of amendments for the first bust to come.
+            assert conn.execute("select tableoid::regclass::text, trade_id"
+                                " from trade_amendments").fetchall() == [
+                ("trade_amendments_202611", "T2")]
+            assert _children(conn, "trade_amendments") == ["trade_amendments_202611",
+                                                         "trade_amendments_202612"]
+            for table in ("run_positions", "positions"):
+                assert conn.execute(f"select tableoid::regclass::text, net_qty"  # type: ignore
+                                    f" from {table}").fetchall() == [(f"{table}_202611", 10)]
+            assert conn.execute("select run_id, net_cash, current from positions_by_version"
+                                ).fetchall() == [(run, -15, None)]
+            assert conn.execute(
+                "select has_table_privilege('settle_settlement', 'run_positions', 'insert'),"
+                " has_table_privilege('settle_site', 'trade_amendments', 'insert'),"
+                " has_table_privilege('settle_site', 'positions', 'select'),"
+                " has_table_privilege('settle_auditor', 'cash_obligations', 'select')"
+            ).fetchone() == (True, True, False, True)
+            assert conn.execute("select count(*) from pg_class where relname like"
+                                " '%_unpartitioned'").fetchone() == (0,)
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'drop database if exists "{name}" with (force)')  # type: ignore

@@ -18,6 +18,8 @@ TRADE = ("insert into trades (trade_id, trade_date, seq, kafka_partition, kafka_
          " ('R1', '2026-11-23', 1, 0, 0, 'AAPL', 1.5, 10, 'A', 'B', now(), 'a')")
 # A day's partition of `trades` (sql/migrations/0023): the sites and the close may add one.
 PARTITION = "select ensure_trade_partitions(array['2026-11-23'::date])"
+# The month's partitions of the close's tables (sql/migrations/0024): the close's to add.
+MONTH = "select ensure_settlement_partitions(array['2026-11-23'::date])"
 POSITION = "insert into positions values ('2026-11-23', 'A', 'AAPL', 1, 0, 1, 1.5, 0, -1.5, 1)"
 DEAD = ("insert into dead_letters (topic, kafka_partition, kafka_offset, raw, reason, site)"
         " values ('t', 0, 1, '\\x00', 'bad', 'a')")
@@ -96,7 +98,8 @@ def test_sites_append_and_move_only_their_offsets(isolated: Isolated) -> None:
                 "alter table trades add column evil int", "create role evil",
                 "select drop_trade_partition('2026-11-23')",
                 "alter table trades detach partition trades_20261123",
-                "delete from trade_ids", "update trade_ids set trade_date = '2026-01-01'"):
+                "delete from trade_ids", "update trade_ids set trade_date = '2026-01-01'",
+                MONTH):
         _refused(s, "site_b", sql)
 
 
@@ -119,7 +122,7 @@ def test_the_audit_trail_is_append_only_except_for_the_admin(isolated: Isolated)
          f"update settlement_runs set validation_success = true, report_path = '/r' {where}",
          f"update settlement_runs set published_at = now() {where}",
          f"insert into audit_reports values ('{DAY}', {run_id}, now(), '{{}}', '/r')",
-         POSITION, "delete from positions", db="settlement")
+         MONTH, POSITION, "delete from positions", db="settlement")
     # Nothing recorded may change, and nothing may be deleted.
     for sql in (f"update settlement_runs set trades = 4 {where}",
                 f"update settlement_runs set status = 'failed' {where}",
@@ -129,6 +132,10 @@ def test_the_audit_trail_is_append_only_except_for_the_admin(isolated: Isolated)
     for sql in (f"delete from settlement_runs {where}", "delete from audit_reports",
                 "update audit_reports set html_path = '/forged'", "truncate audit_reports"):
         assert "permission denied" in _refused(s, "settlement", sql, db="settlement")
+    # The close adds a month (MONTH above); it may not take one away.
+    for sql in ("alter table positions detach partition positions_202611",
+                "drop table run_positions_202611"):
+        assert "must be owner" in _refused(s, "settlement", sql, db="settlement")
     # The admin (a superuser) may repair by hand.
     _run(s, "admin", f"update settlement_runs set trades = 5 {where}", db="settlement")
     with connect(s.settlement_dsn) as conn:
@@ -145,7 +152,8 @@ def test_settlement_reads_the_ledgers_and_cannot_write_them(isolated: Isolated) 
         _refused(s, "settlement", sql)
 
 
-@pytest.mark.parametrize("sql", [TRADE, POSITION, "update consumer_offsets set next_offset = 0",
+@pytest.mark.parametrize("sql", [TRADE, POSITION, MONTH,
+                                 "update consumer_offsets set next_offset = 0",
                                  "delete from dead_letters", "truncate audit_reports",
                                  "insert into settlement_runs (trade_date, source,"
                                  " source_reason, status) values (now(), 'db', 'x', 'running')"])

@@ -123,15 +123,20 @@ def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> 
     """The run's results into the run-tagged tables (not yet published)."""
     rows = {"positions": result.positions, "cash_obligations": result.obligations,
             "instrument_summary": result.instruments}
-    with connect(settings.settlement_dsn) as conn, conn.transaction():
-        for table, row_type in RESULT_TABLES.items():
-            # Table and column names are constants of the row types, not data.
-            columns = ", ".join(("run_id", *row_type._fields))
-            with conn.cursor().copy(
-                f"copy run_{table} ({columns}) from stdin"  # type: ignore[arg-type]
-            ) as copy:
-                for row in rows[table]:
-                    copy.write_row((run_id, *row))
+    with connect(settings.settlement_dsn) as conn:
+        # The month's partitions of the close's tables first, committed on their own: a new
+        # month's attach then holds no lock while the rows are copied (sql/migrations/0024).
+        conn.execute(q("eod", "settlement_partitions"), {"trade_date": result.trade_date})
+        conn.commit()
+        with conn.transaction():
+            for table, row_type in RESULT_TABLES.items():
+                # Table and column names are constants of the row types, not data.
+                columns = ", ".join(("run_id", *row_type._fields))
+                with conn.cursor().copy(
+                    f"copy run_{table} ({columns}) from stdin"  # type: ignore[arg-type]
+                ) as copy:
+                    for row in rows[table]:
+                        copy.write_row((run_id, *row))
 
 
 @dataclass(frozen=True)

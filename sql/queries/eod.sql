@@ -90,6 +90,11 @@ where trade_date = %(trade_date)s and (%(run_id)s::bigint is null or run_id = %(
 order by run_id desc
 limit 1
 
+-- name: settlement_partitions
+-- The close's tables' partition for the day's month, before a run's results are staged into
+-- them (sql/migrations/0024); made once a month, a catalog lookup after.
+select ensure_settlement_partitions(array[%(trade_date)s::date])
+
 -- Publication: the run's staged rows replace the date's published rows (the deletes above
 -- run first, in the same transaction).
 -- name: publish_positions

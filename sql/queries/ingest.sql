@@ -198,12 +198,14 @@ where consumer_group = %(group)s and topic = %(topic)s and kafka_partition = %(p
 -- name: amended_trade
 -- What an amendment is checked against (consumers.parse.amendment_refusal): the trade, where
 -- it is, its current version and whether it is cancelled. The registry answers where (and
--- one lookup, not one per day's partition).
+-- one lookup, not one per day's partition), and its date finds the month's amendments.
 select t.trade_date, t.kafka_partition, t.kafka_offset,
        coalesce((select max(a.version) from trade_amendments a
-                 where a.trade_id = t.trade_id and a.kind = 'correct'), 1),
+                 where a.trade_date = t.trade_date and a.trade_id = t.trade_id
+                   and a.kind = 'correct'), 1),
        exists (select 1 from trade_amendments a
-               where a.trade_id = t.trade_id and a.kind = 'cancel')
+               where a.trade_date = t.trade_date and a.trade_id = t.trade_id
+                 and a.kind = 'cancel')
 from trade_ids t where t.trade_id = %(trade_id)s
 
 -- name: amendment_copy
