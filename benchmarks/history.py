@@ -10,7 +10,8 @@ topic holding the day (published once, --mix as benchmarks/settlement.py):
   empty   - nothing before the day;
   history - --days weekdays before it, --day-trades trades each, in site A's ledger (with
             their close markers), and each day published in the settlement database (a run,
-            its positions, cash obligations and instrument summary, in the close's tables):
+            its positions, cash obligations, instrument summary and instructions, each
+            answered settled, in the close's tables):
             loaded by SQL inside PostgreSQL (generate_series, as a bulk COPY would, not
             through Kafka), then VACUUM ANALYZE, as autovacuum leaves a live database.
 Then in each, the history one first:
@@ -112,7 +113,23 @@ i as (
     insert into instrument_summary
     select %(d)s::date, 'SYM' || lpad(s::text, 3, '0'), 1000, 50000, 525000, 10.5, 10, 11,
            10.5
-    from generate_series(0, {SYMBOLS} - 1) s returning 1)
+    from generate_series(0, {SYMBOLS} - 1) s returning 1),
+-- Its instructions (settlement_instructions is not partitioned: sql/migrations/0024), one
+-- per line that moves, each answered settled, as a year of them would be.
+si as (
+    insert into settlement_instructions (instruction_id, run_id, trade_date, settlement_date,
+                                         account, symbol, side, quantity, payment, amount,
+                                         version)
+    select 'R' || run.run_id || '-' || lpad((row_number() over (order by a, s))::text, 6, '0'),
+           run.run_id, %(d)s::date, %(d)s::date + 1, 'ACC' || lpad(a::text, 4, '0'),
+           'SYM' || lpad(s::text, 3, '0'), case when q > 0 then 'RECE' else 'DELI' end,
+           abs(q), case when q > 0 then 'PAY' else 'RECV' end, abs(q) * 10.5, 1
+    from legs, run where q <> 0
+    returning instruction_id, quantity),
+st as (
+    insert into instruction_statuses (instruction_id, status, settled_quantity,
+                                      open_quantity, open_amount)
+    select instruction_id, 'settled', quantity, 0, 0 from si returning 1)
 insert into published_days (trade_date, run_id)
 select %(d)s::date, run_id from run  -- the CTEs above run whether read or not
 """

@@ -96,22 +96,22 @@ limit 1
 select ensure_settlement_partitions(array[%(trade_date)s::date])
 
 -- Publication: the run's staged rows replace the date's published rows (the deletes above
--- run first, in the same transaction).
+-- run first, in the same transaction). The run's date, with its id, reads its month alone.
 -- name: publish_positions
 insert into positions
 select trade_date, account, symbol, bought_qty, sold_qty, net_qty, buy_amount, sell_amount,
        net_cash, trade_count
-from run_positions where run_id = %(run_id)s
+from run_positions where trade_date = %(trade_date)s and run_id = %(run_id)s
 
 -- name: publish_cash_obligations
 insert into cash_obligations
 select trade_date, account, buy_amount, sell_amount, net_cash, trade_count
-from run_cash_obligations where run_id = %(run_id)s
+from run_cash_obligations where trade_date = %(trade_date)s and run_id = %(run_id)s
 
 -- name: publish_instrument_summary
 insert into instrument_summary
 select trade_date, symbol, trades, volume, notional, vwap, low_price, high_price, close_price
-from run_instrument_summary where run_id = %(run_id)s
+from run_instrument_summary where trade_date = %(trade_date)s and run_id = %(run_id)s
 
 -- name: mark_published
 insert into published_days (trade_date, run_id) values (%(trade_date)s, %(run_id)s)
@@ -167,7 +167,8 @@ select version from settlement_runs where run_id = %(run_id)s
 select count(*), count(distinct coalesce(n.account, o.account)),
        coalesce(sum(abs(coalesce(n.net_qty, 0) - coalesce(o.net_qty, 0))), 0),
        coalesce(sum(abs(coalesce(n.net_cash, 0) - coalesce(o.net_cash, 0))), 0)
-from (select account, symbol, net_qty, net_cash from run_positions where run_id = %(run_id)s) n
+from (select account, symbol, net_qty, net_cash from run_positions
+      where trade_date = %(trade_date)s and run_id = %(run_id)s) n
 full join (select account, symbol, net_qty, net_cash from positions
            where trade_date = %(trade_date)s) o
   on o.account = n.account and o.symbol = n.symbol

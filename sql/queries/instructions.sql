@@ -197,7 +197,8 @@ select account, sum(mark) from instruction_marks where run_id = %(run_id)s group
 select s.symbol, coalesce(c.close_price, p.close_price),
        case when c.close_price is not null then %(trade_date)s::date else p.trade_date end
 from unnest(%(symbols)s::text[]) as s(symbol)
-left join run_instrument_summary c on c.run_id = %(run_id)s and c.symbol = s.symbol
+left join run_instrument_summary c on c.trade_date = %(trade_date)s and c.run_id = %(run_id)s
+                                  and c.symbol = s.symbol
 left join lateral (select close_price, trade_date from instrument_summary
                    where symbol = s.symbol and trade_date < %(trade_date)s
                      and close_price is not null
