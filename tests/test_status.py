@@ -180,3 +180,19 @@ def test_the_lag_probe_skips_an_unreachable_ledger_and_answers_the_others(
     # Lag 0: answered by the end of each partition (a timeout would leave the lag as it was).
     assert [o["lag"] for o in ledgers["b"]["partitions"].values()] == [0, 0, 0]
     assert ledgers["a"] == {"reachable": False, "error": "down"}
+
+
+def test_the_lag_probe_starts_each_partition_at_a_concrete_offset() -> None:
+    """librdkafka resolves a logical offset ("beginning") on a 500 ms retry timer; the probe
+    starts at the log's first offset instead, or at the stored position past it."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from settlement.status import BEGINNING, _probe_offset
+
+    low = {0: 5, 1: 0}
+    assert _probe_offset(BEGINNING, 0, low) == 5
+    assert _probe_offset(3, 0, low) == 5  # retention passed the stored position
+    assert _probe_offset(7, 0, low) == 7
+    assert _probe_offset(BEGINNING, 1, low) == 0
+    assert _probe_offset(BEGINNING, 2, low) == OFFSET_BEGINNING  # no watermark known
+    assert _probe_offset(4, 2, None) == 4

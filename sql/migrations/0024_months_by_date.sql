@@ -48,6 +48,27 @@ begin
 end
 $$;
 
+-- Each table's month of each of these days (`<table>_YYYYMM`). Never granted either.
+create function attach_month_partitions(tables text[], days date[]) returns integer
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    m date;
+    t text;
+    made integer := 0;
+begin
+    for m in select distinct date_trunc('month', d)::date from unnest(days) d
+             where d is not null order by 1 loop
+        foreach t in array tables loop
+            made := made + public.attach_range_partition(t, t || '_' || to_char(m, 'YYYYMM'),
+                                                         m, (m + interval '1 month')::date);
+        end loop;
+    end loop;
+    return made;
+end
+$$;
+
 -- The ledger's partitions for these days: each day's `trades`, each month's `trade_amendments`.
 -- The sites call it before storing a new day, the close for its day and the week after it, an
 -- archive restore for the day it brings back.
@@ -57,48 +78,25 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     d date;
-    m date;
     made integer := 0;
 begin
     foreach d in array days loop
         continue when d is null;
-        m := date_trunc('month', d)::date;
-        made := made
-            + public.attach_range_partition('trades', 'trades_' || to_char(d, 'YYYYMMDD'),
-                                            d, d + 1)
-            + public.attach_range_partition('trade_amendments',
-                                            'trade_amendments_' || to_char(m, 'YYYYMM'),
-                                            m, (m + interval '1 month')::date);
+        made := made + public.attach_range_partition(
+            'trades', 'trades_' || to_char(d, 'YYYYMMDD'), d, d + 1);
     end loop;
-    return made;
+    return made + public.attach_month_partitions(array['trade_amendments'], days);
 end
 $$;
 
 -- The close's tables' partitions for these days' months: the close calls it before it stages
 -- a run's results (settlement.close.pipeline.stage_results).
 create function ensure_settlement_partitions(days date[]) returns integer
-language plpgsql security definer
+language sql security definer
 set search_path = pg_catalog, pg_temp
-as $$
-declare
-    d date;
-    m date;
-    t text;
-    made integer := 0;
-begin
-    foreach d in array days loop
-        continue when d is null;
-        m := date_trunc('month', d)::date;
-        foreach t in array array['positions', 'cash_obligations', 'instrument_summary',
-                                 'run_positions', 'run_cash_obligations',
-                                 'run_instrument_summary'] loop
-            made := made + public.attach_range_partition(t, t || '_' || to_char(m, 'YYYYMM'),
-                                                         m, (m + interval '1 month')::date);
-        end loop;
-    end loop;
-    return made;
-end
-$$;
+return public.attach_month_partitions(
+    array['positions', 'cash_obligations', 'instrument_summary', 'run_positions',
+          'run_cash_obligations', 'run_instrument_summary'], days);
 
 -- Moving a table: renamed aside with its indexes, the partitioned one created like it, its
 -- months made, its rows copied, its grants given again, the old one dropped.
@@ -108,7 +106,6 @@ as $$
 declare
     old text := tab || '_unpartitioned';
     g record;
-    m date;
 begin
     execute format('alter table public.%I rename to %I', tab, old);
     for g in select indexrelid::regclass::text as name from pg_index
@@ -117,11 +114,8 @@ begin
     end loop;
     execute format('create table public.%I (like public.%I including defaults '
                    'including constraints) partition by range (trade_date)', tab, old);
-    for m in execute format('select distinct date_trunc(''month'', trade_date)::date '
-                            'from public.%I', old) loop
-        perform public.attach_range_partition(tab, tab || '_' || to_char(m, 'YYYYMM'),
-                                              m, (m + interval '1 month')::date);
-    end loop;
+    execute format('select public.attach_month_partitions(array[%L], '
+                   'array(select distinct trade_date from public.%I))', tab, old);
     execute format('insert into public.%I select * from public.%I', tab, old);
     for g in select a.privilege_type, r.rolname
              from pg_class c, aclexplode(c.relacl) a join pg_roles r on r.oid = a.grantee
@@ -139,12 +133,13 @@ begin
     from unnest(array['trade_amendments', 'positions', 'cash_obligations',
                       'instrument_summary', 'run_positions', 'run_cash_obligations',
                       'run_instrument_summary']) t;
-    -- The months of the days already in the ledger (their `trades` partitions were made
-    -- under 0023, without a month of amendments): a bust of such a day finds its partition.
-    perform public.attach_range_partition('trade_amendments',
-                                          'trade_amendments_' || to_char(m, 'YYYYMM'),
-                                          m, (m + interval '1 month')::date)
-    from (select distinct date_trunc('month', trade_date)::date as m from trades) months;
+    -- The months of the days whose `trades` partitions 0023 made (some ahead, still empty),
+    -- without a month of amendments: a bust of such a day finds its partition.
+    perform public.attach_month_partitions(
+        array['trade_amendments'],
+        array(select to_date(right(c.relname, 8), 'YYYYMMDD')
+              from pg_inherits i join pg_class c on c.oid = i.inhrelid
+              where i.inhparent = 'public.trades'::regclass));
 end
 $$;
 drop function pg_temp.partition_by_month(text);
@@ -185,5 +180,5 @@ where r.version is not null;
 grant select on positions_by_version to settle_settlement, settle_auditor;
 
 revoke all on function attach_range_partition(text, text, date, date),
-    ensure_settlement_partitions(date[]) from public;
+    attach_month_partitions(text[], date[]), ensure_settlement_partitions(date[]) from public;
 grant execute on function ensure_settlement_partitions(date[]) to settle_settlement;
