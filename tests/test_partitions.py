@@ -134,6 +134,23 @@ def test_the_close_makes_the_week_ahead_and_creators_racing_make_each_day_once(
         "trade_amendments_202611", "trade_amendments_202701"]
 
 
+def test_the_close_makes_its_month_and_the_next_a_week_ahead(isolated: Isolated) -> None:
+    """Before a run's results are staged: the day's month of each of the close's six tables,
+    and the next month's once the day is in its month's last week."""
+    from settlement.db import q
+
+    s = isolated.settings.for_component("settlement")
+    with connect(s.settlement_dsn, autocommit=True) as conn:
+        for day, made in (("2026-11-20", 6), ("2026-11-23", 0), ("2026-11-24", 6),
+                          ("2026-11-27", 0)):
+            assert conn.execute(q("eod", "settlement_partitions"),
+                                {"trade_date": day}).fetchone() == (made,), day
+        assert _children(conn, "run_positions") == ["run_positions_202611",
+                                                    "run_positions_202612"]
+        assert _children(conn, "instrument_summary") == ["instrument_summary_202611",
+                                                         "instrument_summary_202612"]
+
+
 def test_an_existing_database_moves_into_the_partitioned_tables(isolated: Isolated) -> None:
     """A database migrated before 0023, with trades of three days over two months, a bust,
     and a published run, migrated: every row in its day's or month's partition, every id in

@@ -124,8 +124,9 @@ def stage_results(settings: Settings, run_id: int, result: SettlementResult) -> 
     rows = {"positions": result.positions, "cash_obligations": result.obligations,
             "instrument_summary": result.instruments}
     with connect(settings.settlement_dsn) as conn:
-        # The month's partitions of the close's tables first, committed on their own: a new
-        # month's attach then holds no lock while the rows are copied (sql/migrations/0024).
+        # The month's partitions of the close's tables first (and the next month's, a week
+        # ahead), committed on their own: a new month's attach then holds no lock while the
+        # rows are copied (sql/migrations/0024).
         conn.execute(q("eod", "settlement_partitions"), {"trade_date": result.trade_date})
         conn.commit()
         with conn.transaction():

@@ -91,9 +91,10 @@ order by run_id desc
 limit 1
 
 -- name: settlement_partitions
--- The close's tables' partition for the day's month, before a run's results are staged into
--- them (sql/migrations/0024); made once a month, a catalog lookup after.
-select ensure_settlement_partitions(array[%(trade_date)s::date])
+-- The close's tables' partitions for the day's month and the month a week on, before a run's
+-- results are staged into them (sql/migrations/0024): the next month is made ahead, by the
+-- last week's closes of this one. A catalog lookup once they exist.
+select ensure_settlement_partitions(array[%(trade_date)s::date, %(trade_date)s::date + 7])
 
 -- Publication: the run's staged rows replace the date's published rows (the deletes above
 -- run first, in the same transaction). The run's date, with its id, reads its month alone.
