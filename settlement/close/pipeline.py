@@ -634,7 +634,7 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
     the results in the run_* tables."""
     from settlement.spark.io import read_day
     from settlement.spark.settle import dedupe_day, net_day
-    from settlement.validation.day import ledger_figures_ahead, validate_day
+    from settlement.validation.day import ledger_figures_ahead, settled_row_sums, validate_day
 
     settings, trade_date, choice, lease, say = (run.settings, run.trade_date, run.choice,
                                                 run.lease, run.say)
@@ -656,7 +656,8 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
     lease.ensure_held()
     say("settling (dedupe and netting)")
     settle_t0 = time.perf_counter()
-    day = run.day = dedupe_day(read)
+    day = run.day = dedupe_day(read, row_sums=validate and settled_row_sums(
+        settings, choice, trade_date))
     positions: Future[list[Position]] = Future()
     if validate:
         # The suites run while the day is netted: they need the deduplicated day, and only
@@ -668,7 +669,8 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
         run.validating = _in_thread("validation", lambda: _timed(
             run.validation_timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, day.trades, positions.result,
-                ahead, final=day.final, docs_in_background=True)))
+                ahead, final=day.final, docs_in_background=True,
+                amended_trades=day.amended.rows if day.amended is not None else None)))
     try:
         settled = net_day(day, read, trade_date, choice.source,
                           on_positions=positions.set_result)

@@ -8,6 +8,7 @@ validation checks in hand instead of reading the day again.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.spark import transforms as T
+from settlement.spark.figures import figures
 from settlement.spark.io import DayRead
 from settlement.spark.session import local_frame
 
@@ -42,6 +44,43 @@ class SettledDay:
     final: DataFrame | None = None
 
 
+# What validation and the amendments' effects need of an amended trade.
+AMENDED_SCHEMA = ("trade_id string, kafka_partition int, kafka_offset long, trade_date date, "
+                  "price decimal(18,4), quantity long")
+
+
+class AmendedTrades:
+    """The day's trades that its cancels and corrections name (few), collected by one scan
+    of the day on first use, whichever thread asks first: validation's amendment checks
+    and the amendments' effects read the same rows (each scanned the 2M-trade day for them
+    on its own, 1-2 s apiece, cold)."""
+
+    def __init__(self, trades: DataFrame, amendments: list[Row]):
+        self._trades = trades
+        self._ids = sorted({(r["trade_id"],) for r in amendments})
+        self._rows: list[tuple[object, ...]] | None = None
+        self._lock = threading.Lock()
+
+    def rows(self) -> list[tuple[object, ...]]:
+        """AMENDED_SCHEMA rows, in trade id order."""
+        with self._lock:
+            if self._rows is None:
+                self._rows = [tuple(r) for r in amended_trades(self._trades, self._ids)]
+            return self._rows
+
+
+def amended_trades(trades: DataFrame, ids: list[tuple[str]]) -> list[Row]:
+    """The trades of these ids (AMENDED_SCHEMA). The ids are handed to Spark as one frame in
+    memory and broadcast (an isin() of them took 5.8 s for the 13,660 of a realistic 2M day,
+    this 1.5-1.8 s)."""
+    if not ids:
+        return []
+    wanted = local_frame(trades.sparkSession, ids, "trade_id string")
+    cols = [c.split()[0] for c in AMENDED_SCHEMA.split(", ")]
+    return sorted(trades.join(F.broadcast(wanted), "trade_id", "left_semi").select(*cols)
+                  .collect())
+
+
 @dataclass
 class DedupedDay:
     """The day as it will be netted, before netting: what validation needs of it."""
@@ -52,19 +91,26 @@ class DedupedDay:
     raw_count: int  # before dedupe
     timings: dict[str, float]
     per_partition: dict[int, int] | None = None  # partition -> trades, when counted already
+    amended: AmendedTrades | None = None  # the trades the amendments name
 
 
-def dedupe_day(read: DayRead) -> DedupedDay:
-    """The read day deduplicated and cached, its busts and corrections applied (lazily)."""
+def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
+    """The read day deduplicated and cached, its busts and corrections applied (lazily).
+    ``row_sums``: a ledger's day is compared in Spark with another copy (validation's
+    figures then carry its row hash sums, which cost an md5 of every trade)."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     per_partition = read.per_partition
     if read.unique_ids:
         trades = read.trades.persist()
-        # Counted per partition: the result's trades_per_partition, in the pass that fills
-        # the cache (a count and then a second job for them cost a job more).
-        per_partition = {int(r["kafka_partition"]): int(r["count"])
-                         for r in trades.groupBy("kafka_partition").count().collect()}
+        # Validation's figures of the day (its checksums per bucket: ``read.figures``, as a
+        # Kafka read takes them), in the pass that fills the cache, and the trades per
+        # partition summed from them: a pass of their own cost a 2M-trade day's validation
+        # 5.7 s, most of it beside the netting on the same two cores.
+        read.figures = [tuple(r) for r in figures(trades, rows=row_sums).collect()]
+        per_partition = {}
+        for r in read.figures:
+            per_partition[int(r[0])] = per_partition.get(int(r[0]), 0) + int(r[2])
         n_raw = n = sum(per_partition.values())
     elif read.deduplicated:
         # Kafka: copies of a trade share its partition (the key is the symbol), where the
@@ -87,7 +133,8 @@ def dedupe_day(read: DayRead) -> DedupedDay:
     amendments = amendments_in_order(read.amendments)
     final = T.final_trades(trades, read.amendments if amendments else None)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
-    return DedupedDay(trades, final, amendments, n, n_raw, timings, per_partition)
+    return DedupedDay(trades, final, amendments, n, n_raw, timings, per_partition,
+                      AmendedTrades(trades, amendments))
 
 
 def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
@@ -108,7 +155,8 @@ def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
         for r in day.trades.groupBy("kafka_partition").count().collect()}
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     t2 = time.perf_counter()
-    effects = amendment_effects(day.trades, day.amendments)
+    effects = amendment_effects(day.amended or AmendedTrades(day.trades, day.amendments),
+                                day.amendments)
     timings["amendments_seconds"] = round(
         timings.get("amendments_seconds", 0) + time.perf_counter() - t2, 3)
     result = SettlementResult(
@@ -150,19 +198,13 @@ def amendments_in_order(amendments: DataFrame | None) -> list[Row]:
                   key=lambda r: (r["trade_id"], r["kafka_partition"], r["kafka_offset"]))
 
 
-def amendment_effects(trades: DataFrame, rows: list[Row]) -> list[AmendmentEffect]:
+def amendment_effects(amended: AmendedTrades, rows: list[Row]) -> list[AmendmentEffect]:
     """Each cancel and correction of the day (``amendments_in_order``) with the trade before
     and after it, in log order per trade: the audit report's list and its cash effect. Only
-    their trades are collected."""
+    their trades are collected (``amended``)."""
     if not rows:
         return []
-    # The ids handed to Spark as one frame in memory and broadcast (an isin() of them took
-    # 5.8 s for the 13,660 of a realistic 2M day, this 1.5-1.8 s).
-    ids = local_frame(trades.sparkSession, sorted({(r["trade_id"],) for r in rows}),
-                      "trade_id string")
-    state = {r["trade_id"]: (r["price"], r["quantity"])
-             for r in trades.join(F.broadcast(ids), "trade_id", "left_semi")
-             .select("trade_id", "price", "quantity").collect()}
+    state = {r[0]: (r[4], r[5]) for r in amended.rows()}  # AMENDED_SCHEMA: price, quantity
     out = []
     for r in rows:
         before = state.get(r["trade_id"])

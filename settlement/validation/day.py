@@ -59,6 +59,12 @@ def compared(settings: Settings, choice: SourceChoice, trade_date: str) -> Compa
         return Compared((), sites, str(e))
 
 
+def settled_row_sums(settings: Settings, choice: SourceChoice, trade_date: str) -> bool:
+    """Whether a ledger-sourced day is compared in Spark with the other site's copy (both
+    site ledgers hold it): its figures then need the row hash sums (``dedupe_day``)."""
+    return choice.source != "kafka" and compared(settings, choice, trade_date).sites
+
+
 LedgerFigures = dict[str, "Future[tuple[Figures, float]]"]
 
 
@@ -119,7 +125,9 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  positions: list[Position] | Callable[[], list[Position]] | None,
                  ahead: LedgerFigures | None = None,
                  final: DataFrame | None = None,
-                 docs_in_background: bool = False) -> ValidationOutcome:
+                 docs_in_background: bool = False,
+                 amended_trades: Callable[[], list[tuple[object, ...]]] | None = None
+                 ) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     retention gaps the chooser found in the ledgers, the positions.
@@ -130,7 +138,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     states (cancels and corrections applied), when it differs from ``trades``.
     ``positions`` as a function: called when the invariants' suite runs, the last (a close
     nets the day while the suites before it run).
-    ``docs_in_background``: ``run_suites``'."""
+    ``docs_in_background``: ``run_suites``'; ``amended_trades``: ``validate_frames``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -192,7 +200,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
         final_trades=final, amendments=read.amendments,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
-        docs_in_background=docs_in_background,
+        amended_trades=amended_trades, docs_in_background=docs_in_background,
     )
 
 

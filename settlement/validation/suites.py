@@ -55,8 +55,9 @@ asset's frame (GX registers it as ``tmp_view``: no view of ours may have that na
 - ``kafka_day`` / ``ledger_a_day``: the trades to reconcile with, of the differing buckets
 - ``settled_day``: the day in final states (busts left out, corrections applied): what the
   positions net; ``day_trades``: the day's trades as sent; ``day_amendments``: its accepted
-  cancels and corrections; ``other_amendments``: another copy of those, to reconcile;
-  ``day_cancelled``: one row, how many trades of the day are busted
+  cancels and corrections; ``amended_trades``: the day's trades (as sent) that those name;
+  ``other_amendments``: another copy of those, to reconcile; ``day_cancelled``: one row, how
+  many trades of the day are busted
 
 Busts and corrections (``amendments_day``, ``reconcile_amendments``): each refers to a trade
 of the day before it on its partition, versions only rise and nothing follows a cancel, and
@@ -299,22 +300,17 @@ def amendments_suite() -> gx.ExpectationSuite:
     """On the day's accepted cancels and corrections (busts: FIX ExecType H; corrections:
     G). The readers and the sites refuse an amendment of an unknown trade, a lower version or
     a cancelled trade; these checks prove the settled day holds none."""
-    # The amended trades are first picked out of the day by a semi join whose small side (the
-    # amendments' ids) is broadcast; the anti join then meets only those. A left anti join
-    # straight against day_trades can broadcast only day_trades (its right side): on a 2M
-    # day Spark shuffled the whole day for a few thousand amendments.
+    # The amended trades come picked out of the day (``amended_trades``: one scan of the day
+    # with the amendments' ids broadcast, which the amendments' effects share). A left anti
+    # join straight against day_trades can broadcast only day_trades (its right side): on a
+    # 2M day Spark shuffled the whole day for a few thousand amendments.
     return _suite("amendments_day", [
         _rows("every amendment refers to a trade of the day", "amendments",
               "each cancel and correction names a trade settled on this date, on the same "
               "partition and before it in the log",
               """
-              with amended as (
-                select /*+ BROADCAST(ids) */ t.trade_id, t.kafka_partition, t.kafka_offset,
-                       t.trade_date
-                from day_trades t left semi join (select distinct trade_id from {batch}) ids
-                  on t.trade_id = ids.trade_id)
               select a.trade_id, a.kind, a.version, a.kafka_partition, a.kafka_offset
-              from {batch} a left anti join amended t
+              from {batch} a left anti join amended_trades t
                 on t.trade_id = a.trade_id and t.kafka_partition = a.kafka_partition
                and t.kafka_offset < a.kafka_offset and t.trade_date = a.trade_date
               """),
