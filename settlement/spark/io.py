@@ -36,6 +36,9 @@ VERDICT_ROW_BYTES = 160
 # A staged message (the native path's cached read): a gateway trade's ~220-byte value, its
 # partition, offset and type header.
 STAGED_ROW_BYTES = 280
+# A ledger's trade, cached uncompressed: its 36-character id, symbol and accounts, decimal
+# price and five numbers (TRADE_SCHEMA), rounded up.
+LEDGER_ROW_BYTES = 200
 
 
 def jdbc_options(dsn: str) -> tuple[str, dict[str, str]]:
@@ -459,5 +462,8 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
         out = out.persist()
         return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames,
                        amendments=amendments, read_by=by)
+    # Cached for the settlement (``dedupe_day`` fills it), uncompressed when it fits, as a
+    # Kafka read's verdicts are (``persist_sized``).
+    out = persist_sized(spark, out, choice.day_rows(), LEDGER_ROW_BYTES)
     return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames,
                    amendments=amendments, read_by=by)

@@ -102,7 +102,7 @@ def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
     t0 = time.perf_counter()
     per_partition = read.per_partition
     if read.unique_ids:
-        trades = read.trades.persist()
+        trades = read.trades if read.trades.is_cached else read.trades.persist()
         # Validation's figures of the day (its checksums per bucket: ``read.figures``, as a
         # Kafka read takes them), in the pass that fills the cache, and the trades per
         # partition summed from them: a pass of their own cost a 2M-trade day's validation

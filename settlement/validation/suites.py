@@ -54,10 +54,11 @@ asset's frame (GX registers it as ``tmp_view``: no view of ours may have that na
   it is ``suspect`` (``settlement.spark.figures.partition_figures``)
 - ``kafka_day`` / ``ledger_a_day``: the trades to reconcile with, of the differing buckets
 - ``settled_day``: the day in final states (busts left out, corrections applied): what the
-  positions net; ``day_trades``: the day's trades as sent; ``day_amendments``: its accepted
-  cancels and corrections; ``amended_trades``: the day's trades (as sent) that those name;
-  ``other_amendments``: another copy of those, to reconcile; ``day_cancelled``: one row, how
-  many trades of the day are busted
+  positions net; ``settled_symbols``: its volume and notional per instrument (summed by
+  ``validate_frames`` before the positions are netted); ``day_trades``: the day's trades as
+  sent; ``day_amendments``: its accepted cancels and corrections; ``amended_trades``: the
+  day's trades (as sent) that those name; ``other_amendments``: another copy of those, to
+  reconcile; ``day_cancelled``: one row, how many trades of the day are busted
 
 Busts and corrections (``amendments_day``, ``reconcile_amendments``): each refers to a trade
 of the day before it on its partition, versions only rise and nothing follows a cancel, and
@@ -281,12 +282,10 @@ def invariants_suite() -> gx.ExpectationSuite:
         "per instrument, the quantity bought equals the settled day's volume and the amount "
         "paid its notional (sum of price * quantity)",
         """
-        with d as (select symbol, sum(quantity) as volume, sum(price * quantity) as notional
-                   from settled_day group by symbol),
-             p as (select symbol, sum(bought_qty) as bought, sum(buy_amount) as paid
+        with p as (select symbol, sum(bought_qty) as bought, sum(buy_amount) as paid
                    from {batch} group by symbol)
         select coalesce(d.symbol, p.symbol) as symbol, d.volume, p.bought, d.notional, p.paid
-        from d full outer join p on p.symbol = d.symbol
+        from settled_symbols d full outer join p on p.symbol = d.symbol
         where not (d.volume <=> p.bought and d.notional <=> p.paid)
         """))
     return _suite("settlement_invariants", suite)
