@@ -513,3 +513,41 @@ def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
     with pytest.raises(pa.ArrowInvalid, match="(?i)decimal|precision|scale"):
         local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()
 
+
+
+def _amendment(trade_id: str, kind: str, version: int | None, price: str = "1") -> Any:
+    from pyspark.sql import Row
+    return Row(trade_id=trade_id, kind=kind, version=version, symbol="ABC",
+               price=Decimal(price), quantity=5, buyer="B", seller="S",
+               executed_at=dt.datetime(2024, 3, 15, 10, tzinfo=UTC))
+
+
+def test_final_states_bust_or_take_the_highest_correction() -> None:
+    """A trade busted after a correction stays busted; of several corrections, in any order,
+    the highest version wins, and one without a version ranks lowest."""
+    rows = [_amendment("t1", "correct", 2, "12"), _amendment("t1", "correct", 3, "13"),
+            _amendment("t1", "correct", 1, "11"),
+            _amendment("t2", "correct", 1, "21"), _amendment("t2", "cancel", None),
+            _amendment("t3", "correct", None, "30"), _amendment("t3", "correct", 1, "31")]
+    got = {r[0]: r for r in T.final_states(rows)}
+    assert sorted(got) == ["t1", "t2", "t3"]
+    assert got["t1"][1] is False and got["t1"][3] == Decimal("13")
+    assert got["t2"][1] is True and got["t2"][2:] == (None,) * 6
+    assert got["t3"][3] == Decimal("31")
+
+
+def test_final_trades_drop_the_busted_and_correct_the_rest(spark: SparkSession) -> None:
+    """The day in final states from the broadcast final states: a busted trade is gone, a
+    corrected one carries its correction's fields, the others are untouched."""
+    day = local_frame(spark, [trade("t1", "ABC", "10", 1, "B", "S"),
+                              trade("t2", "ABC", "10", 2, "B", "S"),
+                              trade("t3", "ABC", "10", 3, "B", "S")], S.TRADE_SCHEMA)
+    amendments = local_frame(spark, [
+        (r["trade_id"], DAY, 1, 0, 9, r["kind"], r["version"], "fix", r["symbol"], r["price"],
+         r["quantity"], r["buyer"], r["seller"], r["executed_at"])
+        for r in (_amendment("t1", "cancel", None), _amendment("t2", "correct", 2, "12"),
+                  _amendment("t2", "correct", 1, "11"))], S.AMENDMENT_SCHEMA)
+    out = {r["trade_id"]: r for r in T.final_trades(day, amendments).collect()}
+    assert sorted(out) == ["t2", "t3"]
+    assert out["t2"]["price"] == Decimal("12") and out["t2"]["quantity"] == 5
+    assert out["t3"]["price"] == Decimal("10") and out["t3"]["quantity"] == 3

@@ -140,6 +140,7 @@ def validate_frames(
     # counted from them (a cancel of a trade not in the day is amendments_day's to name).
     amended: list[tuple[Any, ...]] = []
     cancelled = 0
+    t1 = time.perf_counter()
     if amendments is not None:
         amendment_rows = amendments.select("trade_id", "kind").collect()
         amended = amended_trades() if amended_trades is not None else [
@@ -148,6 +149,8 @@ def validate_frames(
         busted = {r["trade_id"] for r in amendment_rows if r["kind"] == CANCEL}
         cancelled = len({r[0] for r in amended if r[0] in busted})
     views["amended_trades"] = local_frame(spark, amended, AMENDED_SCHEMA)
+    drill["amended_trades"] = {"trades": len(amended),
+                               "seconds": round(time.perf_counter() - t1, 3)}
     views["day_cancelled"] = local_frame(spark, [(cancelled,)], "cancelled long")
     skip = dict(skip or {})
     if amendments is None or not any(r["amendments"] for r in part_rows):
@@ -214,10 +217,12 @@ def validate_frames(
         # carry: summed now, while a close nets the day, so that once the positions come
         # the invariants compare small frames (this scan of the 2M-trade day cost 2-3 s after
         # the netting, on the close's critical path).
+        t2 = time.perf_counter()
         settled = views["settled_day"]
         views["settled_symbols"] = local_frame(spark, [tuple(r) for r in settled.groupBy(
             "symbol").agg(F.sum("quantity"), F.sum(F.col("price") * F.col("quantity")))
             .collect()], SETTLED_SYMBOLS)
+        drill["settled_symbols"] = {"seconds": round(time.perf_counter() - t2, 3)}
     register_views(spark, views)
     frames = {"as_read": as_read, "settlement_trades": settled_suspect,
               "amendments": day_amendments,
