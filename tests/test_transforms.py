@@ -551,3 +551,28 @@ def test_final_trades_drop_the_busted_and_correct_the_rest(spark: SparkSession) 
     assert sorted(out) == ["t2", "t3"]
     assert out["t2"]["price"] == Decimal("12") and out["t2"]["quantity"] == 5
     assert out["t3"]["price"] == Decimal("10") and out["t3"]["quantity"] == 3
+
+
+def test_amended_and_settled_in_one_scan(spark: SparkSession) -> None:
+    """The amended trades as sent, and the settled day's sums per final symbol: a busted
+    trade counts nowhere, a correction moves a trade to its new symbol, price and quantity,
+    and an instrument whose every trade was busted has no row."""
+    from settlement.spark.settle import AmendedTrades
+
+    day = local_frame(spark, [trade("t1", "AAA", "10", 1, "B", "S"),
+                              trade("t2", "AAA", "10", 2, "B", "S"),
+                              trade("t3", "AAA", "7", 3, "B", "S"),
+                              trade("t4", "CCC", "5", 4, "B", "S")], S.TRADE_SCHEMA)
+    corrected = _amendment("t2", "correct", 1, "12")
+    states = T.final_states([_amendment("t1", "cancel", None), corrected,
+                             _amendment("t4", "cancel", None)])
+    taken = AmendedTrades(day, states)
+    assert [(r[0], r[4], r[5]) for r in taken.rows()] == [
+        ("t1", Decimal("10.0000"), 1), ("t2", Decimal("10.0000"), 2),
+        ("t4", Decimal("5.0000"), 4)]
+    assert sorted(taken.settled_symbols()) == [
+        ("AAA", 3, Decimal("21.0000")), ("ABC", 5, Decimal("60.0000"))]
+    plain = AmendedTrades(day, [])
+    assert plain.rows() == []
+    assert sorted(plain.settled_symbols()) == [
+        ("AAA", 6, Decimal("51.0000")), ("CCC", 4, Decimal("20.0000"))]

@@ -670,7 +670,9 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
             run.validation_timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, day.trades, positions.result,
                 ahead, final=day.final, docs_in_background=True,
-                amended_trades=day.amended.rows if day.amended is not None else None)))
+                amended_trades=day.amended.rows if day.amended is not None else None,
+                settled_symbols=(day.amended.settled_symbols if day.amended is not None
+                                 else None))))
     try:
         settled = net_day(day, read, trade_date, choice.source,
                           on_positions=positions.set_result)

@@ -69,13 +69,34 @@ def final_trades(trades: DataFrame, amendments: DataFrame | None) -> DataFrame:
     2M-trade day's netting, warm.)"""
     if amendments is None:
         return trades
-    finals = local_frame(trades.sparkSession, final_states(amendments.collect()),
-                         FINAL_STATES)
-    out = (trades.join(F.broadcast(finals), "trade_id", "left")
-           .where(~F.coalesce(F.col("_cancelled"), F.lit(False))))
-    fields = [F.coalesce(F.col(f"_new_{f.name}"), F.col(f.name)).alias(f.name)
-              if f.name in CORRECTED_FIELDS else F.col(f.name) for f in TRADE_SCHEMA]
+    return with_final_states(trades, final_states(amendments.collect()))
+
+
+def with_final_states(trades: DataFrame, states: list[tuple[object, ...]]) -> DataFrame:
+    """``final_trades`` from the amended trades' final states (``final_states``)."""
+    if not states:
+        return trades
+    out = joined_final_states(trades, states).where(~busted())
+    fields = [final_field(f.name).alias(f.name) if f.name in CORRECTED_FIELDS
+              else F.col(f.name) for f in TRADE_SCHEMA]
     return out.select(fields)
+
+
+def joined_final_states(trades: DataFrame, states: list[tuple[object, ...]]) -> DataFrame:
+    """The day with each amended trade's final state beside it (FINAL_STATES' columns, NULL
+    for a trade nobody amended), the states broadcast from the driver."""
+    finals = local_frame(trades.sparkSession, states, FINAL_STATES)
+    return trades.join(F.broadcast(finals), "trade_id", "left")
+
+
+def busted() -> Column:
+    """On ``joined_final_states``: the trade was cancelled."""
+    return F.coalesce(F.col("_cancelled"), F.lit(False))
+
+
+def final_field(name: str) -> Column:
+    """On ``joined_final_states``: a corrected field's final value."""
+    return F.coalesce(F.col(f"_new_{name}"), F.col(name))
 
 
 # An amended trade's final state (``final_states``): busted, or its corrected fields.

@@ -27,8 +27,8 @@ from settlement.spark.figures import (
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import local_frame
-from settlement.spark.settle import AMENDED_SCHEMA
-from settlement.spark.settle import amended_trades as settled_amended
+from settlement.spark.settle import AMENDED_SCHEMA, AmendedTrades
+from settlement.spark.transforms import final_states
 from settlement.validation.run import Frame, ValidationOutcome, register_views, run_suites
 
 __all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
@@ -70,6 +70,7 @@ def validate_frames(
     amendment_figures: list[tuple[int, ...]] | None = None,
     other_amendments: DataFrame | None = None,
     amended_trades: Callable[[], list[tuple[Any, ...]]] | None = None,
+    settled_symbols: Callable[[], list[tuple[Any, ...]]] | None = None,
     docs_in_background: bool = False,
 ) -> ValidationOutcome:
     """Run every suite that can fail on this run's frames.
@@ -95,7 +96,9 @@ def validate_frames(
     invariants check the positions against it), ``other_amendments`` another copy's
     (the ledger's for a Kafka-sourced run, site B's for a ledger-sourced one) to reconcile,
     ``amended_trades`` the settled day's trades they name (``settlement.spark.settle``'s
-    AMENDED_SCHEMA rows, collected once for the close; None: searched here).
+    AMENDED_SCHEMA rows) and ``settled_symbols`` the day's volume and notional per
+    instrument in final states (SETTLED_SYMBOLS rows): both from one scan of the day that
+    the close shares (``AmendedTrades``); None: taken here the same way.
 
     The settled day's figures (``settlement.spark.figures``) are taken once, or handed over
     by the read (``settled_figures``); the checks then read the figures and, trade by trade,
@@ -138,14 +141,16 @@ def validate_frames(
     # The day's trades that its amendments name, collected once (few): amendments_day
     # checks each amendment against them, and how many trades of the day are busted is
     # counted from them (a cancel of a trade not in the day is amendments_day's to name).
+    if amended_trades is None or settled_symbols is None:
+        taken = AmendedTrades(settlement_trades, [] if amendments is None
+                              else final_states(amendments.collect()))
+        amended_trades, settled_symbols = taken.rows, taken.settled_symbols
     amended: list[tuple[Any, ...]] = []
     cancelled = 0
     t1 = time.perf_counter()
     if amendments is not None:
         amendment_rows = amendments.select("trade_id", "kind").collect()
-        amended = amended_trades() if amended_trades is not None else [
-            tuple(r) for r in settled_amended(settlement_trades, sorted(
-                {(r["trade_id"],) for r in amendment_rows}))]
+        amended = amended_trades()
         busted = {r["trade_id"] for r in amendment_rows if r["kind"] == CANCEL}
         cancelled = len({r[0] for r in amended if r[0] in busted})
     views["amended_trades"] = local_frame(spark, amended, AMENDED_SCHEMA)
@@ -216,12 +221,9 @@ def validate_frames(
         # The settled day's volume and notional per instrument, what the positions must
         # carry: summed now, while a close nets the day, so that once the positions come
         # the invariants compare small frames (this scan of the 2M-trade day cost 2-3 s after
-        # the netting, on the close's critical path).
+        # the netting, on the close's critical path). With the amended trades, in one scan.
         t2 = time.perf_counter()
-        settled = views["settled_day"]
-        views["settled_symbols"] = local_frame(spark, [tuple(r) for r in settled.groupBy(
-            "symbol").agg(F.sum("quantity"), F.sum(F.col("price") * F.col("quantity")))
-            .collect()], SETTLED_SYMBOLS)
+        views["settled_symbols"] = local_frame(spark, settled_symbols(), SETTLED_SYMBOLS)
         drill["settled_symbols"] = {"seconds": round(time.perf_counter() - t2, 3)}
     register_views(spark, views)
     frames = {"as_read": as_read, "settlement_trades": settled_suspect,

@@ -126,7 +126,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  ahead: LedgerFigures | None = None,
                  final: DataFrame | None = None,
                  docs_in_background: bool = False,
-                 amended_trades: Callable[[], list[tuple[object, ...]]] | None = None
+                 amended_trades: Callable[[], list[tuple[object, ...]]] | None = None,
+                 settled_symbols: Callable[[], list[tuple[object, ...]]] | None = None
                  ) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
@@ -138,7 +139,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     states (cancels and corrections applied), when it differs from ``trades``.
     ``positions`` as a function: called when the invariants' suite runs, the last (a close
     nets the day while the suites before it run).
-    ``docs_in_background``: ``run_suites``'; ``amended_trades``: ``validate_frames``'."""
+    ``docs_in_background``: ``run_suites``'; ``amended_trades``, ``settled_symbols``:
+    ``validate_frames``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -200,7 +202,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
         final_trades=final, amendments=read.amendments,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
-        amended_trades=amended_trades, docs_in_background=docs_in_background,
+        amended_trades=amended_trades, settled_symbols=settled_symbols,
+        docs_in_background=docs_in_background,
     )
 
 
