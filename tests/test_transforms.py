@@ -547,7 +547,8 @@ def test_final_trades_drop_the_busted_and_correct_the_rest(spark: SparkSession) 
          r["quantity"], r["buyer"], r["seller"], r["executed_at"])
         for r in (_amendment("t1", "cancel", None), _amendment("t2", "correct", 2, "12"),
                   _amendment("t2", "correct", 1, "11"))], S.AMENDMENT_SCHEMA)
-    out = {r["trade_id"]: r for r in T.final_trades(day, amendments).collect()}
+    states = T.final_states(amendments.collect())
+    out = {r["trade_id"]: r for r in T.with_final_states(day, states).collect()}
     assert sorted(out) == ["t2", "t3"]
     assert out["t2"]["price"] == Decimal("12") and out["t2"]["quantity"] == 5
     assert out["t3"]["price"] == Decimal("10") and out["t3"]["quantity"] == 3

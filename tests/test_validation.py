@@ -110,7 +110,7 @@ AMENDED_MARKERS = ((0, 5), (1, 2))
 # read.
 FRAME_NAMES = {
     "as_read": ("as_read", "read_trades"),
-    "settled": ("settlement_trades", "settled_day", "day_partitions"),
+    "settled": ("settlement_trades", "settled_symbols", "amended_trades", "day_partitions"),
     "kafka": ("kafka_day",),
     "ledger": ("ledger_trades",),
     "ledger_a": ("ledger_a_day",),
@@ -197,7 +197,7 @@ def validate(spark: SparkSession, day: Day, everything: bool = False,  # noqa: F
     settled = frame(spark, rows["settled"])
     assert settled is not None
     amendments = spark.createDataFrame(rows["amendments"], AMENDMENT_SCHEMA)
-    final = T.final_trades(settled, amendments)
+    final = T.with_final_states(settled, T.final_states(amendments.collect()))
     positions = (day.positions or positions_of)(spark, final)
     return validate_frames(
         spark, trade_date=DATE, partitions=2, as_read=frame(spark, rows["as_read"]),
@@ -205,7 +205,7 @@ def validate(spark: SparkSession, day: Day, everything: bool = False,  # noqa: F
         ledger=frame(spark, rows["ledger"]), kafka=settled if rows["kafka"] is not None else None,
         ledger_a=frame(spark, rows["ledger_a"]), ledger_b=frame(spark, rows["ledger_b"]),
         data_loss=spark.createDataFrame(rows["data_loss"], DATA_LOSS_SCHEMA),
-        unique_ids=day.source == "db", only=only, final_trades=final, amendments=amendments,
+        unique_ids=day.source == "db", only=only, amendments=amendments,
         other_amendments=spark.createDataFrame(rows["other_amendments"], AMENDMENT_SCHEMA),
         **reader)
 

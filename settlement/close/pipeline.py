@@ -669,10 +669,8 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
         run.validating = _in_thread("validation", lambda: _timed(
             run.validation_timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, day.trades, positions.result,
-                ahead, final=day.final, docs_in_background=True,
-                amended_trades=day.amended.rows if day.amended is not None else None,
-                settled_symbols=(day.amended.settled_symbols if day.amended is not None
-                                 else None))))
+                ahead, docs_in_background=True, amended_trades=day.amended.rows,
+                settled_symbols=day.amended.settled_symbols)))
     try:
         settled = net_day(day, read, trade_date, choice.source,
                           on_positions=positions.set_result)
@@ -921,8 +919,7 @@ def validate_only(settings: Settings, trade_date: str, source: str = "auto") -> 
     try:
         n = trades.count()
         outcome = validate_day(settings, spark, trade_date, choice, read, trades,
-                               stored_positions(settings, trade_date) or None,
-                               final=T.final_trades(trades, read.amendments))
+                               stored_positions(settings, trade_date) or None)
     finally:
         trades.unpersist()
         read.release()

@@ -175,7 +175,7 @@ class Amend:
 def final_trades(events: Iterator[Trade | Amend]) -> list[Trade]:
     """The day's trades in their final states: each with its highest correction applied,
     cancelled ones left out; what a clearing house settles (an independent reference for
-    the tests; the pipeline's own is settlement.spark.transforms.final_trades)."""
+    the tests; the pipeline's own is settlement.spark.transforms.with_final_states)."""
     final: dict[str, Trade] = {}
     for e in events:
         if isinstance(e, Amend):

@@ -112,8 +112,9 @@ class DedupedDay:
     trades_count: int
     raw_count: int  # before dedupe
     timings: dict[str, float]
-    per_partition: dict[int, int] | None = None  # partition -> trades, when counted already
-    amended: AmendedTrades | None = None  # the trades the amendments name
+    per_partition: dict[int, int] | None  # partition -> trades, when counted already
+    # the trades the amendments name, and the settled day's sums (one scan, shared)
+    amended: AmendedTrades
 
 
 def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
@@ -178,9 +179,7 @@ def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
         for r in day.trades.groupBy("kafka_partition").count().collect()}
     timings["netting_seconds"] = round(time.perf_counter() - t1, 3)
     t2 = time.perf_counter()
-    effects = amendment_effects(
-        day.amended or AmendedTrades(day.trades, T.final_states(day.amendments)),
-        day.amendments)
+    effects = amendment_effects(day.amended, day.amendments)
     timings["amendments_seconds"] = round(
         timings.get("amendments_seconds", 0) + time.perf_counter() - t2, 3)
     result = SettlementResult(

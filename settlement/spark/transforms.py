@@ -58,22 +58,15 @@ def _earliest(df: DataFrame, key: tuple[str, ...]) -> DataFrame:
     return df.withColumn("_n", F.row_number().over(w)).where(F.col("_n") == 1).drop("_n")
 
 
-def final_trades(trades: DataFrame, amendments: DataFrame | None) -> DataFrame:
+def with_final_states(trades: DataFrame, states: list[tuple[object, ...]]) -> DataFrame:
     """The day's trades in their final states (TRADE_SCHEMA): a cancelled trade left out, a
     corrected one with its highest version's values (its identity, date, seq and offset stay
-    the original's). ``amendments``: the day's accepted cancels and corrections (the readers
-    and the sites refused the rest), few and held in memory: each amended trade's final
-    state is decided by the driver (``final_states``) and broadcast, so the day is joined
-    once and nothing is shuffled. (A distinct of the cancels and a window over the
-    corrections in Spark were two shuffles in every query of the final day: 0.7-1.2 s of a
-    2M-trade day's netting, warm.)"""
-    if amendments is None:
-        return trades
-    return with_final_states(trades, final_states(amendments.collect()))
-
-
-def with_final_states(trades: DataFrame, states: list[tuple[object, ...]]) -> DataFrame:
-    """``final_trades`` from the amended trades' final states (``final_states``)."""
+    the original's). ``states``: each amended trade's final state (``final_states``) of the
+    day's accepted cancels and corrections (the readers and the sites refused the rest),
+    decided by the driver from those few and broadcast, so the day is joined once and
+    nothing is shuffled. (A distinct of the cancels and a window over the corrections in
+    Spark were two shuffles in every query of the final day: 0.7-1.2 s of a 2M-trade day's
+    netting, warm.)"""
     if not states:
         return trades
     out = joined_final_states(trades, states).where(~busted())

@@ -65,7 +65,6 @@ def validate_frames(
     settled_figures: list[tuple[int, ...]] | None = None,
     copies_agree_within_partitions: bool = False,
     as_read_only_the_day: bool = False,
-    final_trades: DataFrame | None = None,
     amendments: DataFrame | None = None,
     amendment_figures: list[tuple[int, ...]] | None = None,
     other_amendments: DataFrame | None = None,
@@ -92,8 +91,7 @@ def validate_frames(
 
     Busts and corrections: ``amendments`` are the day's accepted cancels and corrections
     (AMENDMENT_SCHEMA; None: the read has none), ``amendment_figures`` their figures when
-    the read took them, ``final_trades`` the day in final states (what was netted: the
-    invariants check the positions against it), ``other_amendments`` another copy's
+    the read took them, ``other_amendments`` another copy's
     (the ledger's for a Kafka-sourced run, site B's for a ledger-sourced one) to reconcile,
     ``amended_trades`` the settled day's trades they name (``settlement.spark.settle``'s
     AMENDED_SCHEMA rows) and ``settled_symbols`` the day's volume and notional per
@@ -135,27 +133,31 @@ def validate_frames(
                        if suspect else settlement_trades.limit(0))
     views = {"run_params": run_params, "close_markers_day": markers,
              "read_trades": as_read,
-             "settled_day": final_trades if final_trades is not None else settlement_trades,
-             "day_trades": settlement_trades, "day_amendments": day_amendments,
-             "day_partitions": parts}
-    # The day's trades that its amendments name, collected once (few): amendments_day
-    # checks each amendment against them, and how many trades of the day are busted is
-    # counted from them (a cancel of a trade not in the day is amendments_day's to name).
+             "day_amendments": day_amendments, "day_partitions": parts}
+
+    def wanted(suite: str) -> bool:
+        return only is None or any(n.split("@")[0] == suite for n in only)
+
+    # The day's trades that its amendments name (few) and the settled day's volume and
+    # notional per instrument (what the positions must carry), from one scan of the day that
+    # the close shares with the amendments' effects and takes while it nets the day: once
+    # the positions come, the invariants compare small frames. amendments_day checks each
+    # amendment against those trades, and how many trades of the day are busted is counted
+    # from them (a cancel of a trade not in the day is amendments_day's to name).
+    amendment_rows = amendments.collect() if amendments is not None else []
     if amended_trades is None or settled_symbols is None:
-        taken = AmendedTrades(settlement_trades, [] if amendments is None
-                              else final_states(amendments.collect()))
+        taken = AmendedTrades(settlement_trades, final_states(amendment_rows))
         amended_trades, settled_symbols = taken.rows, taken.settled_symbols
-    amended: list[tuple[Any, ...]] = []
-    cancelled = 0
     t1 = time.perf_counter()
-    if amendments is not None:
-        amendment_rows = amendments.select("trade_id", "kind").collect()
-        amended = amended_trades()
-        busted = {r["trade_id"] for r in amendment_rows if r["kind"] == CANCEL}
-        cancelled = len({r[0] for r in amended if r[0] in busted})
+    amended = amended_trades() if amendments is not None else []
+    if (positions is not None and wanted("settlement_invariants")
+            and "settlement_invariants" not in (skip or {})):
+        views["settled_symbols"] = local_frame(spark, settled_symbols(), SETTLED_SYMBOLS)
+    drill["day_scan"] = {"amended_trades": len(amended),
+                         "seconds": round(time.perf_counter() - t1, 3)}
     views["amended_trades"] = local_frame(spark, amended, AMENDED_SCHEMA)
-    drill["amended_trades"] = {"trades": len(amended),
-                               "seconds": round(time.perf_counter() - t1, 3)}
+    busted = {r["trade_id"] for r in amendment_rows if r["kind"] == CANCEL}
+    cancelled = len({r[0] for r in amended if r[0] in busted})
     views["day_cancelled"] = local_frame(spark, [(cancelled,)], "cancelled long")
     skip = dict(skip or {})
     if amendments is None or not any(r["amendments"] for r in part_rows):
@@ -180,9 +182,6 @@ def validate_frames(
                                                           diff[:_NAMED_BUCKETS]],
                         "seconds": round(a.seconds + b.seconds + time.perf_counter() - t1, 3)}
         return a.rows_in(diff), b.rows_in(diff)
-
-    def wanted(suite: str) -> bool:
-        return only is None or any(n.split("@")[0] == suite for n in only)
 
     ledger_rows = ledger_b_rows = None
     if kafka is not None and ledger is not None and wanted("reconcile_kafka_ledger"):
@@ -216,15 +215,6 @@ def validate_frames(
                 "reconcile_site_a_b", side("ledger_a", ledger_a), side("ledger_b", ledger_b))
     else:
         skip.setdefault("reconcile_site_a_b", "not the separate scheme (one ledger)")
-    if (positions is not None and wanted("settlement_invariants")
-            and "settlement_invariants" not in skip):
-        # The settled day's volume and notional per instrument, what the positions must
-        # carry: summed now, while a close nets the day, so that once the positions come
-        # the invariants compare small frames (this scan of the 2M-trade day cost 2-3 s after
-        # the netting, on the close's critical path). With the amended trades, in one scan.
-        t2 = time.perf_counter()
-        views["settled_symbols"] = local_frame(spark, settled_symbols(), SETTLED_SYMBOLS)
-        drill["settled_symbols"] = {"seconds": round(time.perf_counter() - t2, 3)}
     register_views(spark, views)
     frames = {"as_read": as_read, "settlement_trades": settled_suspect,
               "amendments": day_amendments,

@@ -124,7 +124,6 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  choice: SourceChoice, read: DayRead, trades: DataFrame,
                  positions: list[Position] | Callable[[], list[Position]] | None,
                  ahead: LedgerFigures | None = None,
-                 final: DataFrame | None = None,
                  docs_in_background: bool = False,
                  amended_trades: Callable[[], list[tuple[object, ...]]] | None = None,
                  settled_symbols: Callable[[], list[tuple[object, ...]]] | None = None
@@ -135,8 +134,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
 
     A ledger the run already read (a ledger-sourced day) is compared in Spark; any other
     by its figures in PostgreSQL (``ledger_side``; ``ahead``: those started early by
-    ``ledger_figures_ahead``), without reading its trades. ``final``: the day in final
-    states (cancels and corrections applied), when it differs from ``trades``.
+    ``ledger_figures_ahead``), without reading its trades.
     ``positions`` as a function: called when the invariants' suite runs, the last (a close
     nets the day while the suites before it run).
     ``docs_in_background``: ``run_suites``'; ``amended_trades``, ``settled_symbols``:
@@ -200,7 +198,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         settled_figures=read.figures if trades is read.trades else None,
         copies_agree_within_partitions=read.copies_agree,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
-        final_trades=final, amendments=read.amendments,
+        amendments=read.amendments,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
         amended_trades=amended_trades, settled_symbols=settled_symbols,
         docs_in_background=docs_in_background,

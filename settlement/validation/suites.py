@@ -53,12 +53,12 @@ asset's frame (GX registers it as ``tmp_view``: no view of ours may have that na
 - ``day_partitions``: per partition of the settled day, its figures, last_seq and whether
   it is ``suspect`` (``settlement.spark.figures.partition_figures``)
 - ``kafka_day`` / ``ledger_a_day``: the trades to reconcile with, of the differing buckets
-- ``settled_day``: the day in final states (busts left out, corrections applied): what the
-  positions net; ``settled_symbols``: its volume and notional per instrument (summed by
-  ``validate_frames`` before the positions are netted); ``day_trades``: the day's trades as
-  sent; ``day_amendments``: its accepted cancels and corrections; ``amended_trades``: the
-  day's trades (as sent) that those name; ``other_amendments``: another copy of those, to
-  reconcile; ``day_cancelled``: one row, how many trades of the day are busted
+- ``settled_symbols``: the day in final states (busts left out, corrections applied, what
+  the positions net): its volume and notional per instrument (summed by ``validate_frames``
+  before the positions are netted); ``day_amendments``: the day's accepted cancels and
+  corrections; ``amended_trades``: the day's trades (as sent) that those name;
+  ``other_amendments``: another copy of the amendments, to reconcile; ``day_cancelled``: one
+  row, how many trades of the day are busted
 
 Busts and corrections (``amendments_day``, ``reconcile_amendments``): each refers to a trade
 of the day before it on its partition, versions only rise and nothing follows a cancel, and
@@ -300,9 +300,9 @@ def amendments_suite() -> gx.ExpectationSuite:
     G). The readers and the sites refuse an amendment of an unknown trade, a lower version or
     a cancelled trade; these checks prove the settled day holds none."""
     # The amended trades come picked out of the day (``amended_trades``: one scan of the day
-    # with the amendments' ids broadcast, which the amendments' effects share). A left anti
-    # join straight against day_trades can broadcast only day_trades (its right side): on a
-    # 2M day Spark shuffled the whole day for a few thousand amendments.
+    # with the amended trades' final states broadcast, which the amendments' effects share).
+    # A left anti join straight against the whole day can broadcast only the day (its right
+    # side): on a 2M day Spark shuffled the whole day for a few thousand amendments.
     return _suite("amendments_day", [
         _rows("every amendment refers to a trade of the day", "amendments",
               "each cancel and correction names a trade settled on this date, on the same "
