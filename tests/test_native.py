@@ -31,7 +31,14 @@ from settlement.spark.canonical import (
     anchored,
 )
 from settlement.spark.deferred import resolve_deferred
-from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, stage
+from settlement.spark.parse import (
+    CLASSIFIED_SCHEMA,
+    classify_kafka_values,
+    split_classified,
+    stage,
+)
+from settlement.spark.schemas import AMENDMENT_SCHEMA
+from settlement.spark.session import local_frame
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_parity import CORPUS, close, corpus_messages, trade
 
@@ -449,6 +456,32 @@ def test_dirty_partitions_are_kept_by_the_jvm_with_the_python_verdicts(
     assert by[1, 15]["reason"].startswith("late")
     assert by[4, 9]["reason"].startswith("late")
     assert by[0, 26]["reason"] is None and by[0, 26]["_kind"] == C.CANCEL  # the escaped id
+
+
+def test_the_decided_amendments_are_the_days_when_no_partition_is_given_back(
+        spark: SparkSession) -> None:  # noqa: F811
+    """The JVM defers every amendment, so with no partition given back the driver holds them
+    all: the read takes them from there (``Resolved.amendments``), not from a pass over the
+    verdicts. They must be exactly the amendments that pass would pick out; with a partition
+    given back, the driver does not hold them all and says so (None)."""
+    log = dirty_log()
+    for msgs, given_back in (([m for m in log if m[0] in (0, 1, 2)], False), (log, True)):
+        frame = stage(spark.createDataFrame(_rows(msgs), RAW_SCHEMA).coalesce(1))
+        verdicts = jvmclassify.classify_jvm(frame, MAX_BYTES).persist()
+        try:
+            got = resolve_deferred(verdicts, MAX_BYTES, lambda parts: spark.createDataFrame(
+                [], CLASSIFIED_SCHEMA))
+            if given_back:
+                assert got.workers and got.amendments is None
+                continue
+            assert not got.workers
+            picked = sorted(tuple(r) for r in split_classified(got.rows).amendments.collect())
+            assert got.amendments is not None and len(picked) >= 3
+            assert {r[5] for r in picked} == {C.CANCEL, C.CORRECT}
+            held = local_frame(spark, got.amendments, AMENDMENT_SCHEMA).collect()
+            assert sorted(tuple(r) for r in held) == picked  # as the read hands them on
+        finally:
+            verdicts.unpersist()
 
 
 def test_the_size_limit_sends_a_value_to_the_python_classifier(spark: SparkSession  # noqa: F811

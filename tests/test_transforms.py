@@ -11,6 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
@@ -22,6 +23,14 @@ from settlement.config import REPO_ROOT, load_settings
 from settlement.eod.model import CashObligation, Leg, Netting, net_legs, netting, rows_of, vwap
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
+from settlement.spark.figures import (
+    BUCKET_SEQS,
+    expected_seq_sums,
+    figures,
+    seq_figures,
+    seq_hash,
+    spark_xxhash64,
+)
 from settlement.spark.session import artifact_name, local_frame, persist_sized, spark_jars
 from settlement.spark.settle import net
 from tests import spark_fixtures
@@ -577,3 +586,35 @@ def test_amended_and_settled_in_one_scan(spark: SparkSession) -> None:
     assert plain.rows() == []
     assert sorted(plain.settled_symbols()) == [
         ("AAA", 6, Decimal("51.0000")), ("CCC", 4, Decimal("20.0000"))]
+
+
+def test_the_expected_seq_sums_are_sparks_own_hash_sums(spark: SparkSession) -> None:
+    """Validation's figures of a complete partition (the seq hash sums of 1..n) are taken in
+    the driver with numpy; a complete partition is proven by Spark's ``seq_hash`` sums, so
+    both must agree to the bit, or every partition would look suspect (searched seq by seq)."""
+    edge = [0, 1, -1, 2**31, 2**32 - 1, 2**63 - 1, -(2**63), 10**15, 123456789]
+    rng = random.Random(7)
+    picks = edge + [rng.randrange(-(2**63), 2**63) for _ in range(500)]
+    ours = spark_xxhash64(np.array(picks, dtype=np.int64)).tolist()
+    theirs = [r[1] for r in spark.createDataFrame([(v,) for v in picks], "v long")
+              .select("v", F.xxhash64("v")).collect()]
+    assert ours == theirs
+    lengths = {1, 7, 65_536, 65_537, 300_001}
+    hi, lo = seq_hash(F.col("id"))
+    sums = []
+    for k, n in enumerate(sorted(lengths)):
+        inside = F.col("id") <= F.lit(n)
+        sums += [F.sum(F.when(inside, hi)).alias(f"h{k}"),
+                 F.sum(F.when(inside, lo)).alias(f"l{k}")]
+    row = spark.range(1, max(lengths) + 1).agg(*sums).collect()[0]
+    assert expected_seq_sums(lengths | {0}) == {
+        n: (row[f"h{k}"], row[f"l{k}"]) for k, n in enumerate(sorted(lengths))}
+
+
+def test_seq_figures_are_the_figures_spark_takes(spark: SparkSession) -> None:
+    """The amendments' figures (their seq coverage) summed in the driver equal ``figures``'
+    of the same rows in Spark, bucket by bucket."""
+    seqs = [(0, 1), (0, 5), (0, BUCKET_SEQS + 3), (2, 7), (2, 7), (0, BUCKET_SEQS - 1)]
+    frame = spark.createDataFrame(seqs, "kafka_partition int, seq long")
+    assert seq_figures(seqs) == sorted(tuple(r) for r in figures(frame, rows=False).collect())
+    assert seq_figures([]) == []

@@ -58,6 +58,10 @@ from settlement.spark.worker import classify_arrow
 # need).
 _KEPT_CLOSES = "_kind = 'close' and reason is null and not _deferred"
 _MARKED = f"_fallback or _deferred or ({_KEPT_CLOSES})"
+# The classified columns an amendment's row is made of (AMENDMENT_SCHEMA's order).
+_AMENDMENT_SOURCES = ("trade_id", "trade_date", "seq", "kafka_partition", "kafka_offset", "_kind",
+                      "_version", "_note", "symbol", "price", "quantity", "buyer", "seller",
+                      "executed_at")
 # The JVM rows of kept trades (a first copy, valid), looked up by id when a stand-in must carry
 # a trade's content.
 _KEPT_TRADES = "_kind = 'trade' and reason is null and not _dup and not _deferred"
@@ -83,6 +87,11 @@ class Resolved:
     rows: DataFrame  # CLASSIFIED_SCHEMA, every message once
     workers: list[int]  # the Kafka partitions read again by the Python worker
     deferred: int  # the messages the Python classifier decided in the driver
+    # The accepted cancels and corrections of every date (``split_classified``'s
+    # amendments, as rows), when all of them were decided here: the JVM defers every
+    # amendment, so with no partition given back they are among the decided rows and no
+    # pass over the verdicts need pick them out. None: a partition was given back.
+    amendments: list[tuple[Any, ...]] | None = None
 
     @property
     def read_by(self) -> str:
@@ -113,6 +122,7 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
     rows = verdicts.where("not _deferred").drop(
         "_fallback", "_deferred", "_type", "_ref_offset", "_ref_date")
     decided: DataFrame | None = None
+    table: pa.Table | None = None
     if deferred:
         table = _decide(verdicts, deferred, closes, max_bytes)
         workers |= _state_changers(table, deferred, max_bytes)
@@ -126,7 +136,20 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
         out = out.unionByName(decided)
     if workers:
         out = out.unionByName(python(sorted(workers)))
-    return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers))
+    return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers),
+                    None if workers else _amendments(table))
+
+
+def _amendments(decided: pa.Table | None) -> list[tuple[Any, ...]]:
+    """The accepted amendments among the decided rows, as ``split_classified`` selects them
+    (AMENDMENT_SCHEMA's columns)."""
+    if decided is None:
+        return []
+    kept = decided.filter(pc.and_(
+        pc.and_(pc.is_null(decided["reason"]), pc.invert(decided["_dup"])),
+        pc.is_in(decided["_kind"], pa.array(AMENDMENTS, pa.string()))))
+    columns = [kept[c].to_pylist() for c in _AMENDMENT_SOURCES]
+    return list(zip(*columns, strict=True))
 
 
 def _kind(kind: bytes | None) -> str | None:

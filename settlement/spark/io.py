@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from pyspark.errors import PythonException
@@ -264,7 +265,8 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
             raise
         raise error from None
     with _worker_errors():
-        return _kafka_read(spark, resolved.rows, cached, trade_date, resolved.read_by)
+        return _kafka_read(spark, resolved.rows, cached, trade_date, resolved.read_by,
+                           resolved.amendments)
 
 
 def kafka_source(spark: SparkSession, settings: Settings,
@@ -297,15 +299,20 @@ def kafka_source(spark: SparkSession, settings: Settings,
 
 
 def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFrame],
-                trade_date: str, read_by: str = "spark") -> DayRead:
-    """What a Kafka read hands the settlement, from its classified messages."""
+                trade_date: str, read_by: str = "spark",
+                amendment_rows: list[tuple[Any, ...]] | None = None) -> DayRead:
+    """What a Kafka read hands the settlement, from its classified messages.
+    ``amendment_rows``: the accepted amendments of every date when the read holds them
+    already (AMENDMENT_SCHEMA rows: the JVM read's, decided in the driver)."""
     facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
     # settlement, validation and the report each read them); None when the counting pass
     # found none (nothing scans the day for them, nothing applies them).
+    day = dt.date.fromisoformat(trade_date)
     amendments = local_frame(
-        spark, _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
+        spark, [r for r in amendment_rows if r[1] == day] if amendment_rows is not None
+        else _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
     ) if facts.amendment_figures else None
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,

@@ -22,8 +22,8 @@ from settlement.spark.figures import (
     DaySide,
     collect_figures,
     differing,
-    figures,
     partition_figures,
+    seq_figures,
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import local_frame
@@ -119,9 +119,12 @@ def validate_frames(
     buckets = collect_figures(spark, settlement_trades, settled_figures, row_sums=row_sums)
     day_amendments = amendments if amendments is not None else local_frame(
         spark, [], AMENDMENT_SCHEMA)
+    amendment_rows = amendments.collect() if amendments is not None else []
     if amendment_figures is None and amendments is not None:
-        # Their seq coverage only: nothing compares amendments by their figures.
-        amendment_figures = [tuple(r) for r in figures(amendments, rows=False).collect()]
+        # Their seq coverage only: nothing compares amendments by their figures. They are
+        # few and held by the driver: summed here, not by a Spark job.
+        amendment_figures = seq_figures([(r["kafka_partition"], r["seq"])
+                                         for r in amendment_rows])
     parts = partition_figures(spark, buckets, close_markers, amendment_figures)
     part_rows = parts.collect()
     suspect = sorted(int(r["kafka_partition"]) for r in part_rows if r["suspect"])
@@ -144,7 +147,6 @@ def validate_frames(
     # the positions come, the invariants compare small frames. amendments_day checks each
     # amendment against those trades, and how many trades of the day are busted is counted
     # from them (a cancel of a trade not in the day is amendments_day's to name).
-    amendment_rows = amendments.collect() if amendments is not None else []
     if amended_trades is None or settled_symbols is None:
         taken = AmendedTrades(settlement_trades, final_states(amendment_rows))
         amended_trades, settled_symbols = taken.rows, taken.settled_symbols
