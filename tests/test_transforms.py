@@ -15,7 +15,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
-from pyspark.errors import ArithmeticException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructType
@@ -619,31 +618,3 @@ def test_seq_figures_are_the_figures_spark_takes(spark: SparkSession) -> None:
     frame = spark.createDataFrame(seqs, "kafka_partition int, seq long")
     assert seq_figures(seqs) == sorted(tuple(r) for r in figures(frame, rows=False).collect())
     assert seq_figures([]) == []
-
-
-def test_amounts_summed_in_units_are_the_decimal_sums(spark: SparkSession) -> None:
-    """The legs' amounts are summed as bigints of 1/10,000 and made decimals per leg: the
-    same legs as decimal sums, to the last digit (sub-cent prices, many trades)."""
-    rng = random.Random(11)
-    rows = [trade(f"T{i}", f"S{i % 3}", f"{rng.randrange(1, 10**7)}.{rng.randrange(10**4):04d}",
-                  rng.randrange(1, 10**6), f"A{i % 5}", f"B{i % 4}", seq=i + 1)
-            for i in range(300)]
-    day = frame(spark, rows, S.TRADE_SCHEMA)
-    units = sorted(tuple(r) for r in T.netting_legs(day, DAY).collect())
-    decimals = sorted(tuple(r) for r in T.netting_legs(day, DAY, in_units=False).collect())
-    assert units == decimals and len(units) == 3 * 5 + 3 * 4
-
-
-def test_amounts_beyond_a_bigint_of_units_are_netted_in_decimals(spark: SparkSession) -> None:
-    """A price of 10^13 times a quantity of 10^9 is 10^26 units of 1/10,000: the bigint sum
-    fails with ANSI's overflow error (never a wrong sum) and the day is netted in decimals."""
-    rows = [trade("T1", "BIG", "10000000000000.0001", 10**9, "A", "B"),
-            trade("T2", "BIG", "1.5", 2, "B", "A", seq=2)]
-    day = frame(spark, rows, S.TRADE_SCHEMA)
-    with pytest.raises(ArithmeticException):
-        T.netting_legs(day, DAY).collect()
-    positions, _, _ = net(day, DAY)
-    by = {p.account: p for p in positions}
-    paid = Decimal("10000000000000.0001") * 10**9
-    assert by["A"].buy_amount == paid and by["A"].sell_amount == Decimal("3.0000")
-    assert by["B"].sell_amount == paid and by["A"].net_cash == Decimal("3.0000") - paid

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from pyspark.errors import ArithmeticException
-from pyspark.sql import Column, DataFrame, Row
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from settlement.contract import CANCEL
@@ -95,17 +94,11 @@ def amended_and_settled(trades: DataFrame, states: list[tuple[object, ...]]
     else:  # nothing amended: the day as it is
         day, symbol, qty, price = trades, F.col("symbol"), F.col("quantity"), F.col("price")
         live, amended = F.lit(True), None
-
-    def groups_of(notional: Column) -> list[Row]:
-        sums = [F.count(F.when(live, F.lit(1))).alias("trades"),
-                F.sum(F.when(live, qty)).alias("volume"), notional.alias("notional")]
-        return day.groupBy(symbol.alias("symbol")).agg(
-            *sums, *([] if amended is None else [amended.alias("amended")])).collect()
-
-    try:  # summed as bigints of 1/10,000, as the netting sums its legs (exact, or overflow)
-        groups = groups_of(T.from_units(F.sum(F.when(live, T.amount_units(price, qty)))))
-    except ArithmeticException:
-        groups = groups_of(F.sum(F.when(live, price * qty)))
+    sums = [F.count(F.when(live, F.lit(1))).alias("trades"),
+            F.sum(F.when(live, qty)).alias("volume"),
+            F.sum(F.when(live, price * qty)).alias("notional")]
+    groups = day.groupBy(symbol.alias("symbol")).agg(
+        *sums, *([] if amended is None else [amended.alias("amended")])).collect()
     rows = sorted(tuple(a) for g in groups if amended is not None for a in g["amended"])
     return rows, [(g["symbol"], g["volume"], g["notional"]) for g in groups if g["trades"]]
 
@@ -205,12 +198,7 @@ def net(final: DataFrame, trade_date: str | dt.date) -> Netted:
     legs summed by Spark in one pass (at most accounts x symbols rows, collected), the rest
     taken from them in Python (``settlement.eod.model.net_legs``)."""
     day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
-    try:
-        legs = rows_of(Leg, T.netting_legs(final, day).collect())
-    except ArithmeticException:
-        # Amounts beyond a bigint of 1/10,000 (ANSI's overflow error, never a wrong sum):
-        # summed again in decimals.
-        legs = rows_of(Leg, T.netting_legs(final, day, in_units=False).collect())
+    legs = rows_of(Leg, T.netting_legs(final, day).collect())
     last = latest_times(legs)
     close: dict[str, Decimal] = {}
     if last:  # an empty day has no close to find, and no query is run for it

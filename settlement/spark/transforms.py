@@ -13,7 +13,6 @@ overflow fails the job instead of silently becoming NULL.
 from __future__ import annotations
 
 import datetime as dt
-from decimal import Decimal
 
 from pyspark.sql import Column, DataFrame, Row, Window
 from pyspark.sql import functions as F
@@ -126,8 +125,7 @@ def _version(r: Row) -> int:
     return -1 if r["version"] is None else int(r["version"])
 
 
-def netting_legs(trades: DataFrame, trade_date: str | dt.date,
-                 in_units: bool = True) -> DataFrame:
+def netting_legs(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     """The day's trades summed per (account, symbol) (``settlement.eod.model.Leg``): the one
     pass over the day; the positions, cash obligations and instrument summary are small
     aggregates of its rows, taken in the driver (``settlement.eod.model.net_legs``).
@@ -143,21 +141,11 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date,
     A max over a struct holding the trade id (a string) made it a sort aggregate: every leg
     sorted by (account, symbol), 4M legs for a 2M-trade day (docs/benchmarks-history.md,
     2026-11-30).
-
-    ``in_units``: the amounts are summed as bigints of 1/10,000 (``amount_units``), exact or
-    an overflow error (ANSI), then made decimals per leg; else as decimal(38,4), whose
-    arithmetic is Java's BigDecimal on every leg (0.4-0.6 s more of a 2M-trade day's legs,
-    warm). A day whose amounts overflow a bigint is summed again in decimals
-    (``settlement.spark.settle.net``).
     """
     day = _on_date(trades, trade_date)
-    amount = (amount_units(F.col("price"), F.col("quantity")) if in_units
-              else _amount(F.col("price"), F.col("quantity")))
+    amount = _amount(F.col("price"), F.col("quantity"))
     no_qty = F.lit(0).cast(LongType())
-    no_amount = F.lit(0).cast(LongType() if in_units else PRODUCT)
-
-    def total(c: str) -> Column:
-        return (from_units(F.sum(c)) if in_units else F.sum(c)).cast(AMOUNT).alias(c)
+    no_amount = F.lit(0).cast(PRODUCT)
 
     def leg(account: str, bought: Column, sold: Column, paid: Column, got: Column,
             buys: int) -> Column:
@@ -185,8 +173,8 @@ def netting_legs(trades: DataFrame, trade_date: str | dt.date,
     return legs.groupBy("account", "symbol").agg(
         F.sum("bought_qty").alias("bought_qty"),
         F.sum("sold_qty").alias("sold_qty"),
-        total("buy_amount"),
-        total("sell_amount"),
+        F.sum("buy_amount").cast(AMOUNT).alias("buy_amount"),
+        F.sum("sell_amount").cast(AMOUNT).alias("sell_amount"),
         F.count(F.lit(1)).alias("trade_count"),
         F.sum("buys").alias("buys"),
         F.min("price").alias("low_price"),
@@ -222,18 +210,6 @@ def _date_lit(value: str | dt.date) -> Column:
 
 def _on_date(trades: DataFrame, trade_date: str | dt.date) -> DataFrame:
     return trades.where(F.col("trade_date") == _date_lit(trade_date))
-
-
-def amount_units(price: Column, quantity: Column) -> Column:
-    """price * quantity in units of 1/10,000 (the price's scale) as a bigint: exact, or an
-    ARITHMETIC_OVERFLOW error under ANSI (a price of decimal(18,4) times 10,000 always fits;
-    its product with a quantity, or a sum of such, may not)."""
-    return (price.cast(PRICE) * F.lit(10_000)).cast(LongType()) * quantity.cast(LongType())
-
-
-def from_units(units: Column) -> Column:
-    """A sum of ``amount_units`` as decimal(38,4), exactly."""
-    return units.cast(DecimalType(38, 0)) * F.lit(Decimal("0.0001"))
 
 
 def _amount(price: Column, quantity: Column) -> Column:
