@@ -19,14 +19,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType, StructType
 
+from settlement import contract as C
 from settlement.config import REPO_ROOT, load_settings
 from settlement.eod.model import CashObligation, Leg, Netting, net_legs, netting, rows_of, vwap
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
 from settlement.spark.figures import (
     BUCKET_SEQS,
+    collect_figures,
     expected_seq_sums,
     figures,
+    partition_figures,
     seq_figures,
     seq_hash,
     spark_xxhash64,
@@ -618,3 +621,23 @@ def test_seq_figures_are_the_figures_spark_takes(spark: SparkSession) -> None:
     frame = spark.createDataFrame(seqs, "kafka_partition int, seq long")
     assert seq_figures(seqs) == sorted(tuple(r) for r in figures(frame, rows=False).collect())
     assert seq_figures([]) == []
+
+
+def test_a_partition_is_complete_by_its_figures_whatever_a_marker_claims(
+        spark: SparkSession) -> None:
+    """A partition holding each seq 1..last_seq once is complete by its figures; one whose
+    count differs from its marker is suspect, and its expected sums are not hashed at all,
+    so a marker claiming 10^15 trades costs nothing (the sums of 1..n are taken in the
+    driver: hashing up to the contract's largest seq would never end)."""
+    rows = [trade(f"T{p}-{q}", "S", "1", 1, "A", "B", partition=p, seq=q)
+            for p, n in ((0, 3), (1, 3), (2, 2)) for q in range(1, n + 1)]
+    rows.append(trade("T2-x", "S", "1", 1, "A", "B", partition=2, seq=2))  # seq 2 twice
+    day = frame(spark, rows, S.TRADE_SCHEMA)
+    markers = {0: 3, 1: C.MAX_SEQ, 2: 3}
+    got = {r["kafka_partition"]: r for r in partition_figures(
+        spark, collect_figures(spark, day, row_sums=False), markers).collect()}
+    assert not got[0]["suspect"] and (got[0]["expected_hi"], got[0]["expected_lo"]) == \
+        expected_seq_sums({3})[3]
+    assert got[1]["suspect"] and got[1]["expected_hi"] is None  # 3 trades, 10^15 claimed
+    # Three trades and a marker of 3, but seq 2 twice and no seq 3: not complete.
+    assert got[2]["suspect"] and got[2]["trades"] == 3

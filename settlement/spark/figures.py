@@ -270,12 +270,16 @@ def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int
                 got[p] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + sh, a[4] + sl]
             else:
                 got[p] = [n, lo, hi, sh, sl]
-    expected = expected_seq_sums(set(markers.values()))
+    # Only a partition whose count is its marker's last_seq can be complete, so only those
+    # lengths are hashed: bounded by the day's own size, whatever a marker claims.
+    expected = expected_seq_sums({last for p, last in markers.items()
+                                  if got.get(p, [0])[0] == last})
     rows = []
     for p in sorted(got.keys() | markers.keys()):
         n, lo, hi, sh, sl = got.get(p, [0, None, None, 0, 0])
         last = markers.get(p)
-        eh, el = expected.get(last or 0, (0, 0))
+        # NULL where the count alone proves the partition incomplete (not hashed).
+        eh, el = expected.get(last, (None, None)) if last else (0, 0)
         complete = last is not None and n == last and (
             last == 0 or (lo == 1 and hi == last and (sh, sl) == (eh, el)))
         rows.append((p, n - amended.get(p, 0), lo, hi, sh, sl, last, eh, el, not complete,

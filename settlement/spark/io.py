@@ -304,12 +304,12 @@ def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFra
     """What a Kafka read hands the settlement, from its classified messages.
     ``amendment_rows``: the accepted amendments of every date when the read holds them
     already (AMENDMENT_SCHEMA rows: the JVM read's, decided in the driver)."""
-    facts = _kafka_facts(classified, dt.date.fromisoformat(trade_date))
+    day = dt.date.fromisoformat(trade_date)
+    facts = _kafka_facts(classified, day)
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
     # settlement, validation and the report each read them); None when the counting pass
     # found none (nothing scans the day for them, nothing applies them).
-    day = dt.date.fromisoformat(trade_date)
     amendments = local_frame(
         spark, [r for r in amendment_rows if r[1] == day] if amendment_rows is not None
         else _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
