@@ -22,6 +22,7 @@ from pyspark.sql.types import DateType, DecimalType, LongType, StringType, Struc
 from settlement import contract as C
 from settlement.config import REPO_ROOT, load_settings
 from settlement.eod.model import CashObligation, Leg, Netting, net_legs, netting, rows_of, vwap
+from settlement.spark import figures as figures_module
 from settlement.spark import schemas as S
 from settlement.spark import transforms as T
 from settlement.spark.figures import (
@@ -624,7 +625,7 @@ def test_seq_figures_are_the_figures_spark_takes(spark: SparkSession) -> None:
 
 
 def test_a_partition_is_complete_by_its_figures_whatever_a_marker_claims(
-        spark: SparkSession) -> None:
+        spark: SparkSession, monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition holding each seq 1..last_seq once is complete by its figures; one whose
     count differs from its marker is suspect, and its expected sums are not hashed at all,
     so a marker claiming 10^15 trades costs nothing (the sums of 1..n are taken in the
@@ -634,6 +635,14 @@ def test_a_partition_is_complete_by_its_figures_whatever_a_marker_claims(
     rows.append(trade("T2-x", "S", "1", 1, "A", "B", partition=2, seq=2))  # seq 2 twice
     day = frame(spark, rows, S.TRADE_SCHEMA)
     markers = {0: 3, 1: C.MAX_SEQ, 2: 3}
+    hashed: list[set[int]] = []  # fails, not hangs, should the marker's length be hashed
+
+    def recorded(lengths: set[int]) -> dict[int, tuple[int, int]]:
+        hashed.append(set(lengths))
+        assert max(lengths, default=0) <= 3, lengths
+        return expected_seq_sums(lengths)
+
+    monkeypatch.setattr(figures_module, "expected_seq_sums", recorded)
     got = {r["kafka_partition"]: r for r in partition_figures(
         spark, collect_figures(spark, day, row_sums=False), markers).collect()}
     assert not got[0]["suspect"] and (got[0]["expected_hi"], got[0]["expected_lo"]) == \
@@ -641,3 +650,4 @@ def test_a_partition_is_complete_by_its_figures_whatever_a_marker_claims(
     assert got[1]["suspect"] and got[1]["expected_hi"] is None  # 3 trades, 10^15 claimed
     # Three trades and a marker of 3, but seq 2 twice and no seq 3: not complete.
     assert got[2]["suspect"] and got[2]["trades"] == 3
+    assert hashed == [{3}]

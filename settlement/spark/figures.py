@@ -211,6 +211,13 @@ def spark_xxhash64(values: np.ndarray) -> np.ndarray:
     return h.view(np.int64)
 
 
+def _combined(a: list[int] | None, b: list[int]) -> list[int]:
+    """Two sets of figures (count, lowest seq, highest seq, seq hash sums) as one."""
+    if a is None:
+        return b
+    return [a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]), a[3] + b[3], a[4] + b[4]]
+
+
 def seq_figures(seqs: list[tuple[int, int]]) -> list[tuple[int | None, ...]]:
     """``figures(rows=False)`` of a few rows the driver holds, (kafka_partition, seq) each:
     FIGURES_SCHEMA rows per bucket, the seq hashes taken as ``seq_hash`` takes them."""
@@ -221,11 +228,7 @@ def seq_figures(seqs: list[tuple[int, int]]) -> list[tuple[int | None, ...]]:
     got: dict[Bucket, list[int]] = {}
     for (p, q), hi, lo in zip(seqs, his, los, strict=True):
         key = (int(p), q // BUCKET_SEQS)
-        a = got.get(key)
-        if a is None:
-            got[key] = [1, q, q, hi, lo]
-        else:
-            got[key] = [a[0] + 1, min(a[1], q), max(a[2], q), a[3] + hi, a[4] + lo]
+        got[key] = _combined(got.get(key), [1, q, q, hi, lo])
     return [(*k, *v, None, None) for k, v in sorted(got.items())]
 
 
@@ -265,11 +268,7 @@ def partition_figures(spark: SparkSession, buckets: DataFrame, markers: dict[int
             n, lo, hi, sh, sl = (int(r[i]) for i in range(2, 7))  # FIGURES_SCHEMA order
             if kind == "amendments":
                 amended[p] = amended.get(p, 0) + n
-            if p in got:
-                a = got[p]
-                got[p] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + sh, a[4] + sl]
-            else:
-                got[p] = [n, lo, hi, sh, sl]
+            got[p] = _combined(got.get(p), [n, lo, hi, sh, sl])
     # Only a partition whose count is its marker's last_seq can be complete, so only those
     # lengths are hashed: bounded by the day's own size, whatever a marker claims.
     expected = expected_seq_sums({last for p, last in markers.items()
