@@ -30,6 +30,7 @@ from settlement.spark.figures import (
     collect_figures,
     expected_seq_sums,
     figures,
+    figures_and_symbols,
     partition_figures,
     seq_figures,
     seq_hash,
@@ -567,29 +568,38 @@ def test_final_trades_drop_the_busted_and_correct_the_rest(spark: SparkSession) 
     assert out["t3"]["price"] == Decimal("10") and out["t3"]["quantity"] == 3
 
 
-def test_amended_and_settled_in_one_scan(spark: SparkSession) -> None:
-    """The amended trades as sent, and the settled day's sums per final symbol: a busted
-    trade counts nowhere, a correction moves a trade to its new symbol, price and quantity,
-    and an instrument whose every trade was busted has no row."""
+def test_the_settled_day_per_instrument_from_the_day_as_sent(spark: SparkSession) -> None:
+    """The amended trades as sent, and the settled day's sums per final symbol, derived from
+    the day's sums as sent: a busted trade counts nowhere, a correction moves a trade to its
+    new symbol, price and quantity, and an instrument whose every trade was busted has no
+    row."""
     from settlement.spark.settle import AmendedTrades
 
-    day = local_frame(spark, [trade("t1", "AAA", "10", 1, "B", "S"),
-                              trade("t2", "AAA", "10", 2, "B", "S"),
-                              trade("t3", "AAA", "7", 3, "B", "S"),
-                              trade("t4", "CCC", "5", 4, "B", "S")], S.TRADE_SCHEMA)
+    day = local_frame(spark, [trade("t1", "AAA", "10", 1, "B", "S", seq=1),
+                              trade("t2", "AAA", "10", 2, "B", "S", seq=2),
+                              trade("t3", "AAA", "7", 3, "B", "S", seq=BUCKET_SEQS + 1),
+                              trade("t4", "CCC", "5", 4, "B", "S", seq=3)], S.TRADE_SCHEMA)
     corrected = _amendment("t2", "correct", 1, "12")
     states = T.final_states([_amendment("t1", "cancel", None), corrected,
                              _amendment("t4", "cancel", None)])
-    taken = AmendedTrades(day, states)
-    assert [(r[0], r[4], r[5]) for r in taken.rows()] == [
-        ("t1", Decimal("10.0000"), 1), ("t2", Decimal("10.0000"), 2),
-        ("t4", Decimal("5.0000"), 4)]
-    assert sorted(taken.settled_symbols()) == [
-        ("AAA", 3, Decimal("21.0000")), ("ABC", 5, Decimal("60.0000"))]
-    plain = AmendedTrades(day, [])
-    assert plain.rows() == []
-    assert sorted(plain.settled_symbols()) == [
-        ("AAA", 6, Decimal("51.0000")), ("CCC", 4, Decimal("20.0000"))]
+    # One aggregate by bucket and symbol: the buckets' figures as ``figures`` takes them
+    # (bucket 0 holds two symbols), and the day as sent per instrument.
+    by_bucket, sent = figures_and_symbols(day)
+    assert by_bucket == [tuple(r) for r in figures(day).orderBy("bucket").collect()]
+    assert [r[:3] for r in by_bucket] == [(0, 0, 3), (0, 1, 1)]
+    assert sent == [("AAA", 3, 6, Decimal("51.0000")), ("CCC", 1, 4, Decimal("20.0000"))]
+    # The sums as sent either given (the read's pass took them) or summed here: the same.
+    for given in (None, sent):
+        taken = AmendedTrades(day, states, given)
+        assert [(r[0], r[4], r[5]) for r in taken.rows()] == [
+            ("t1", Decimal("10.0000"), 1), ("t2", Decimal("10.0000"), 2),
+            ("t4", Decimal("5.0000"), 4)]
+        assert taken.settled_symbols() == [
+            ("AAA", 3, Decimal("21.0000")), ("ABC", 5, Decimal("60.0000"))]
+        plain = AmendedTrades(day, [], given)
+        assert plain.rows() == []
+        assert plain.settled_symbols() == [
+            ("AAA", 6, Decimal("51.0000")), ("CCC", 4, Decimal("20.0000"))]
 
 
 def test_the_expected_seq_sums_are_sparks_own_hash_sums(spark: SparkSession) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,73 @@ def figures(trades: DataFrame, rows: bool = True) -> DataFrame:
             .groupBy(F.col("kafka_partition").cast("int").alias("kafka_partition"),
                      bucket_of(F.col("seq")).alias("bucket"))
             .agg(*figure_columns(rows=rows)))
+
+
+# The day's trades as sent, per instrument (symbol, trades, volume, notional): what the
+# settled day's sums per instrument are derived from (``settlement.spark.settle``), taken in
+# the pass that already reads every trade of the day.
+SymbolSums = list[tuple[str, int, int, Decimal]]
+
+
+def symbol_columns(only: Column | None = None) -> list[Column]:
+    """The aggregates of ``SymbolSums`` after the symbol, over the rows where ``only`` holds
+    (all rows: None): trades, volume and notional (sum of price * quantity, exact)."""
+    def keep(c: Column) -> Column:
+        return c if only is None else F.when(only, c)
+
+    one = F.lit(1) if only is None else F.when(only, F.lit(1))
+    return [F.count(one).alias("symbol_trades"),
+            F.sum(keep(F.col("quantity").cast("long"))).alias("volume"),
+            F.sum(keep(F.col("price") * F.col("quantity"))).alias("notional")]
+
+
+def figures_and_symbols(trades: DataFrame, rows: bool = True
+                        ) -> tuple[list[tuple[Any, ...]], SymbolSums]:
+    """``figures``' rows (collected) and the day's ``SymbolSums``, from one aggregate by
+    bucket and symbol (a symbol lives in one partition, so this is a few rows per bucket):
+    the ledger read's cache-filling pass takes both."""
+    got = (trades
+           .groupBy(F.col("kafka_partition").cast("int").alias("kafka_partition"),
+                    bucket_of(F.col("seq")).alias("bucket"), F.col("symbol"))
+           .agg(*figure_columns(rows=rows), *symbol_columns())
+           .collect())
+    out = FiguresBySymbol()
+    for r in got:
+        out.add(int(r["kafka_partition"]), r, r["symbol"])
+    return out.figures(), out.symbols()
+
+
+class FiguresBySymbol:
+    """Aggregate rows grouped by bucket and symbol (``figure_columns`` then
+    ``symbol_columns``), merged into FIGURES_SCHEMA rows per bucket and ``SymbolSums``."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[Bucket, tuple[list[int], list[int] | None]] = {}
+        self._symbols: dict[str, list[Any]] = {}
+
+    def add(self, partition: int, r: Any, symbol: str | None) -> None:
+        key = (partition, int(r["bucket"]))
+        seqs = [int(r[c]) for c in ("trades", "lo", "hi", "seq_hi", "seq_lo")]
+        row = None if r["row_hi"] is None else [int(r["row_hi"]), int(r["row_lo"])]
+        held = self._buckets.get(key)
+        if held is not None:
+            seqs = _combined(held[0], seqs)
+            row = None if row is None or held[1] is None else [
+                held[1][0] + row[0], held[1][1] + row[1]]
+        self._buckets[key] = (seqs, row)
+        if symbol is not None and r["symbol_trades"]:
+            s = self._symbols.setdefault(symbol, [0, 0, Decimal(0)])
+            s[0] += int(r["symbol_trades"])
+            s[1] += int(r["volume"])
+            s[2] += r["notional"]
+
+    def figures(self) -> list[tuple[Any, ...]]:
+        """FIGURES_SCHEMA rows, by bucket (NULL row hash sums where a row had none)."""
+        return [(*k, *seqs, *(row if row is not None else (None, None)))
+                for k, (seqs, row) in sorted(self._buckets.items())]
+
+    def symbols(self) -> SymbolSums:
+        return [(k, v[0], v[1], v[2]) for k, v in sorted(self._symbols.items())]
 
 
 def in_buckets(trades: DataFrame, buckets: list[Bucket]) -> DataFrame:

@@ -27,7 +27,14 @@ from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
 from settlement.spark.deferred import resolve_deferred
-from settlement.spark.figures import FIGURE_FIELDS, bucket_of, figure_columns
+from settlement.spark.figures import (
+    FIGURE_FIELDS,
+    FiguresBySymbol,
+    SymbolSums,
+    bucket_of,
+    figure_columns,
+    symbol_columns,
+)
 from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import is_small_day, local_frame, persist_sized
 
@@ -123,6 +130,9 @@ class DayRead:
     # Kafka: the day's figures per bucket (FIGURES_SCHEMA rows, validation's checksums),
     # taken in the pass that counted the read.
     figures: list[tuple[int, ...]] | None = None
+    # The day's trades per instrument (``figures.SymbolSums``), when a pass took them already
+    # (the Kafka read's counting pass, the ledger read's cache-filling one).
+    symbol_sums: SymbolSums | None = None
     # Kafka: every later copy of a trade in its partition was compared with the first and
     # kept only when equal (a differing one is a dead letter), so copies can only disagree
     # across partitions; and how many valid trades of other dates the range held.
@@ -318,7 +328,8 @@ def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFra
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified, *staged], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
-        figures=facts.figures, copies_agree=True, other_dates=facts.other_dates,
+        figures=facts.figures, symbol_sums=facts.symbol_sums, copies_agree=True,
+        other_dates=facts.other_dates,
         amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by)
 
 
@@ -330,6 +341,7 @@ class _KafkaFacts:
     duplicates: int
     per_partition: dict[int, int]  # the day's first copies
     figures: list[tuple[int, ...]]  # their FIGURES_SCHEMA rows
+    symbol_sums: SymbolSums = field(default_factory=list)  # theirs per instrument
     other_dates: int = 0  # valid trades of any other date in the range
     # the day's accepted cancels and corrections, FIGURES_SCHEMA rows (their seqs count)
     amendment_figures: list[tuple[int, ...]] = field(default_factory=list)
@@ -356,11 +368,14 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
                     "kafka_partition", "_last_seq", "_row_hi", "_row_lo",
                     *TRADE_SCHEMA.fieldNames())
             .groupBy("what", "d", "kafka_partition",
-                     F.when(is_day, bucket_of(F.col("seq"))).alias("bucket"))
+                     F.when(is_day, bucket_of(F.col("seq"))).alias("bucket"),
+                     F.when(F.col("what") == "day", F.col("symbol")).alias("symbol"))
             .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"),
-                 *figure_columns(is_day, (F.col("_row_hi"), F.col("_row_lo"))))
+                 *figure_columns(is_day, (F.col("_row_hi"), F.col("_row_lo"))),
+                 *symbol_columns(F.col("what") == "day"))
             .collect())
     facts = _KafkaFacts(0, {}, {}, 0, {}, [])
+    day_rows = FiguresBySymbol()
     for r in rows:
         if r["what"] == "amend":
             facts.amendment_figures.append(
@@ -368,7 +383,7 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
         elif r["what"] == "day":
             p = int(r["kafka_partition"])
             facts.per_partition[p] = facts.per_partition.get(p, 0) + int(r["n"])
-            facts.figures.append((p, *(int(r[c]) for c in FIGURE_FIELDS)))
+            day_rows.add(p, r, r["symbol"])
         elif r["what"] == "malformed":
             facts.malformed += int(r["n"])
         elif r["what"] == "dup":
@@ -381,6 +396,7 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
             # Trades of earlier dates in the day's range: late trades of those days.
             late = facts.late.setdefault(r["d"].isoformat(), {})
             late[int(r["kafka_partition"])] = int(r["n"])
+    facts.figures, facts.symbol_sums = day_rows.figures(), day_rows.symbols()
     return facts
 
 

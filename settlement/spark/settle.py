@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
@@ -31,7 +32,7 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.spark import transforms as T
-from settlement.spark.figures import figures
+from settlement.spark.figures import SymbolSums, figures_and_symbols, symbol_columns
 from settlement.spark.io import DayRead
 from settlement.spark.session import local_frame
 
@@ -52,15 +53,19 @@ AMENDED_COLUMNS = tuple(c.split()[0] for c in AMENDED_SCHEMA.split(", "))
 
 class AmendedTrades:
     """The day's trades that its cancels and corrections name (few, as sent), and the
-    settled day's volume and notional per instrument, from one scan of the day on first use,
-    whichever thread asks first: validation's amendment checks and invariants and the
-    amendments' effects read them. (Collecting the trades and summing the settled day were
-    a scan each, beside the netting: 1.9 s and 2.5 s of a 2M-trade day from the ledger,
-    5.0 s and 3.2 s from Kafka, where each scan derives the day from the read's verdicts.)"""
+    settled day's volume and notional per instrument, on first use, whichever thread asks
+    first: validation's amendment checks and invariants and the amendments' effects read
+    them. The settled day's sums are the day's as sent (``sent``: taken by the read's pass
+    over every trade, else by an aggregate here), less the amended trades as sent, plus
+    those not busted in their final states: so the only scan here picks out the amended
+    trades, and a day with none has no scan. (One aggregate of the day joined with the final
+    states took 5.1-5.3 s of a cold 2M-trade close from the ledger, beside the netting.)"""
 
-    def __init__(self, trades: DataFrame, states: list[tuple[object, ...]]):
+    def __init__(self, trades: DataFrame, states: list[tuple[object, ...]],
+                 sent: SymbolSums | None = None):
         self._trades = trades
         self._states = states
+        self._sent = sent
         self._taken: tuple[list[tuple[object, ...]], list[tuple[object, ...]]] | None = None
         self._lock = threading.Lock()
 
@@ -76,31 +81,55 @@ class AmendedTrades:
     def _take(self) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
         with self._lock:
             if self._taken is None:
-                self._taken = amended_and_settled(self._trades, self._states)
+                sent = self._sent if self._sent is not None else symbol_sums(self._trades)
+                amended = amended_trades(self._trades, self._states)
+                self._taken = ([r[:-1] for r in amended],
+                               settled_symbols(sent, amended, self._states))
             return self._taken
 
 
-def amended_and_settled(trades: DataFrame, states: list[tuple[object, ...]]
-                        ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
-    """``AmendedTrades``' two answers in one aggregate: the day joined with the amended
-    trades' final states (broadcast), summed per final symbol over the trades not busted,
-    each group also listing its amended trades as sent (a few per symbol)."""
-    if states:
-        day = T.joined_final_states(trades, states)
-        qty, price, live = T.final_field("quantity"), T.final_field("price"), ~T.busted()
-        symbol = T.final_field("symbol")
-        amended = F.collect_list(F.when(F.col("_cancelled").isNotNull(), F.struct(
-            *(F.col(c) for c in AMENDED_COLUMNS))))
-    else:  # nothing amended: the day as it is
-        day, symbol, qty, price = trades, F.col("symbol"), F.col("quantity"), F.col("price")
-        live, amended = F.lit(True), None
-    sums = [F.count(F.when(live, F.lit(1))).alias("trades"),
-            F.sum(F.when(live, qty)).alias("volume"),
-            F.sum(F.when(live, price * qty)).alias("notional")]
-    groups = day.groupBy(symbol.alias("symbol")).agg(
-        *sums, *([] if amended is None else [amended.alias("amended")])).collect()
-    rows = sorted(tuple(a) for g in groups if amended is not None for a in g["amended"])
-    return rows, [(g["symbol"], g["volume"], g["notional"]) for g in groups if g["trades"]]
+def symbol_sums(trades: DataFrame) -> SymbolSums:
+    """The day's ``SymbolSums`` by an aggregate of their own (a read that took none)."""
+    return [(r["symbol"], int(r["symbol_trades"]), int(r["volume"]), r["notional"])
+            for r in trades.groupBy("symbol").agg(*symbol_columns()).collect()]
+
+
+def amended_trades(trades: DataFrame, states: list[tuple[object, ...]]
+                   ) -> list[tuple[object, ...]]:
+    """The day's trades that ``states`` name, as sent: AMENDED_SCHEMA rows, then the symbol,
+    in trade id order (a semi join with the few ids broadcast: a scan, no shuffle)."""
+    if not states:
+        return []
+    ids = local_frame(trades.sparkSession, [(s[0],) for s in states], "trade_id string")
+    got = trades.join(F.broadcast(ids), "trade_id", "left_semi").select(
+        *AMENDED_COLUMNS, "symbol").collect()
+    return sorted(tuple(r) for r in got)
+
+
+def settled_symbols(sent: SymbolSums, amended: list[tuple[object, ...]],
+                    states: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    """(symbol, volume, notional) of the day in final states per instrument with a trade left
+    (exact: ints and Decimals): ``sent`` less each amended trade as sent (``amended_trades``'
+    rows), plus its final state unless busted (FINAL_STATES rows: a corrected field's new
+    value, or NULL for the one sent)."""
+    sums: dict[str, list[Any]] = {s: [n, v, x] for s, n, v, x in sent}
+
+    def add(sign: int, symbol: Any, price: Any, quantity: Any) -> None:
+        s = sums.setdefault(str(symbol), [0, 0, Decimal(0)])
+        s[0] += sign
+        s[1] += sign * int(quantity)
+        s[2] += sign * price * int(quantity)
+
+    final = {s[0]: dict(zip(T.FINAL_STATES_COLUMNS, s, strict=True)) for s in states}
+    for r in amended:
+        sent_as = dict(zip((*AMENDED_COLUMNS, "symbol"), r, strict=True))
+        add(-1, sent_as["symbol"], sent_as["price"], sent_as["quantity"])
+        state = final[sent_as["trade_id"]]
+        if not state["_cancelled"]:
+            now = {f: sent_as[f] if state[f"_new_{f}"] is None else state[f"_new_{f}"]
+                   for f in ("symbol", "price", "quantity")}
+            add(1, now["symbol"], now["price"], now["quantity"])
+    return sorted((s, v, x) for s, (n, v, x) in sums.items() if n)
 
 
 @dataclass
@@ -130,7 +159,8 @@ def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
         # Kafka read takes them), in the pass that fills the cache, and the trades per
         # partition summed from them: a pass of their own cost a 2M-trade day's validation
         # 5.7 s, most of it beside the netting on the same two cores.
-        read.figures = [tuple(r) for r in figures(trades, rows=row_sums).collect()]
+        # The day's sums per instrument too: the settled day's are derived from them.
+        read.figures, read.symbol_sums = figures_and_symbols(trades, rows=row_sums)
         per_partition = {}
         for r in read.figures:
             per_partition[int(r[0])] = per_partition.get(int(r[0]), 0) + int(r[2])
@@ -158,7 +188,7 @@ def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
     final = T.with_final_states(trades, states)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
     return DedupedDay(trades, final, amendments, n, n_raw, timings, per_partition,
-                      AmendedTrades(trades, states))
+                      AmendedTrades(trades, states, read.symbol_sums))
 
 
 def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,

@@ -98,6 +98,9 @@ FINAL_STATES = ", ".join(["trade_id string", "_cancelled boolean"] + [
     if f.name in CORRECTED_FIELDS])
 
 
+FINAL_STATES_COLUMNS = tuple(c.split()[0] for c in FINAL_STATES.split(", "))
+
+
 def final_states(amendments: list[Row]) -> list[tuple[object, ...]]:
     """Per amended trade id (FINAL_STATES rows, by id): whether a cancel busted it, else the
     fields of its correction of the highest version (a version missing ranks lowest)."""

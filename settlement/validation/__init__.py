@@ -95,8 +95,9 @@ def validate_frames(
     (the ledger's for a Kafka-sourced run, site B's for a ledger-sourced one) to reconcile,
     ``amended_trades`` the settled day's trades they name (``settlement.spark.settle``'s
     AMENDED_SCHEMA rows) and ``settled_symbols`` the day's volume and notional per
-    instrument in final states (SETTLED_SYMBOLS rows): both from one scan of the day that
-    the close shares (``AmendedTrades``); None: taken here the same way.
+    instrument in final states (SETTLED_SYMBOLS rows): both as the close shares them
+    (``AmendedTrades``: the amended trades picked out of the day, the sums derived from the
+    day's as sent); None: taken here the same way.
 
     The settled day's figures (``settlement.spark.figures``) are taken once, or handed over
     by the read (``settled_figures``); the checks then read the figures and, trade by trade,
@@ -142,9 +143,10 @@ def validate_frames(
         return only is None or any(n.split("@")[0] == suite for n in only)
 
     # The day's trades that its amendments name (few) and the settled day's volume and
-    # notional per instrument (what the positions must carry), from one scan of the day that
-    # the close shares with the amendments' effects and takes while it nets the day: once
-    # the positions come, the invariants compare small frames. amendments_day checks each
+    # notional per instrument (what the positions must carry), which the close shares with
+    # the amendments' effects and takes while it nets the day: the amended trades by a
+    # semi join, the sums from the day's as sent, the read's pass took those (an aggregate
+    # of its own otherwise). Once the positions come, the invariants compare small frames. amendments_day checks each
     # amendment against those trades, and how many trades of the day are busted is counted
     # from them (a cancel of a trade not in the day is amendments_day's to name).
     if amended_trades is None or settled_symbols is None:

@@ -299,8 +299,8 @@ def amendments_suite() -> gx.ExpectationSuite:
     """On the day's accepted cancels and corrections (busts: FIX ExecType H; corrections:
     G). The readers and the sites refuse an amendment of an unknown trade, a lower version or
     a cancelled trade; these checks prove the settled day holds none."""
-    # The amended trades come picked out of the day (``amended_trades``: one scan of the day
-    # with the amended trades' final states broadcast, which the amendments' effects share).
+    # The amended trades come picked out of the day (``amended_trades``: a semi join of the
+    # day with their ids broadcast, which the amendments' effects share).
     # A left anti join straight against the whole day can broadcast only the day (its right
     # side): on a 2M day Spark shuffled the whole day for a few thousand amendments.
     return _suite("amendments_day", [
