@@ -602,6 +602,27 @@ def test_the_settled_day_per_instrument_from_the_day_as_sent(spark: SparkSession
             ("AAA", 6, Decimal("51.0000")), ("CCC", 4, Decimal("20.0000"))]
 
 
+def test_the_settled_sums_stay_exact_beyond_28_digits() -> None:
+    """The driver's arithmetic on the day's notional (decimal(38,4) in Spark) is exact: a
+    notional of 34 digits less a trade of the contract's largest price and quantity, plus its
+    correction, keeps every digit (Python's default context would round it to 28)."""
+    from settlement.spark.settle import settled_symbols
+
+    big, price, qty = Decimal("123456789012345678901234567890.1234"), \
+        Decimal("99999999999999.9999"), C.MAX_QUANTITY - 1
+    amended = [("t1", 0, 5, DAY, price, qty, "AAA")]
+    state = {c: None for c in T.FINAL_STATES_COLUMNS} | {
+        "trade_id": "t1", "_cancelled": False, "_new_price": Decimal("1.0001"),
+        "_new_quantity": 3}
+    got = settled_symbols([("AAA", 7, 10 * qty, big)], amended,
+                          [tuple(state[c] for c in T.FINAL_STATES_COLUMNS)])
+    with localcontext() as ctx:
+        ctx.prec = 60
+        want = big - price * qty + Decimal("3.0003")
+    assert got == [("AAA", 9 * qty + 3, want)]
+    assert str(want) == "123456689012345778901234667893.1236"  # checked by hand: all 34 digits
+
+
 def test_the_expected_seq_sums_are_sparks_own_hash_sums(spark: SparkSession) -> None:
     """Validation's figures of a complete partition (the seq hash sums of 1..n) are taken in
     the driver with numpy; a complete partition is proven by Spark's ``seq_hash`` sums, so

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Context, Decimal, Inexact, localcontext
 from typing import Any
 
 import numpy as np
@@ -120,6 +120,9 @@ def figures(trades: DataFrame, rows: bool = True) -> DataFrame:
 # settled day's sums per instrument are derived from (``settlement.spark.settle``), taken in
 # the pass that already reads every trade of the day.
 SymbolSums = list[tuple[str, int, int, Decimal]]
+# Sums and products of money in the driver: exact or an error. Python's default context keeps 28
+# digits and rounds beyond them silently; a day's notional in decimal(38,4) may hold 38.
+EXACT = Context(prec=80, traps=[Inexact])
 
 
 def symbol_columns(only: Column | None = None) -> list[Column]:
@@ -172,7 +175,8 @@ class FiguresBySymbol:
             s = self._symbols.setdefault(symbol, [0, 0, Decimal(0)])
             s[0] += int(r["symbol_trades"])
             s[1] += int(r["volume"])
-            s[2] += r["notional"]
+            with localcontext(EXACT):
+                s[2] += r["notional"]
 
     def figures(self) -> list[tuple[Any, ...]]:
         """FIGURES_SCHEMA rows, by bucket (NULL row hash sums where a row had none)."""

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 from pyspark.sql import DataFrame, Row
@@ -32,7 +32,7 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.spark import transforms as T
-from settlement.spark.figures import SymbolSums, figures_and_symbols, symbol_columns
+from settlement.spark.figures import EXACT, SymbolSums, figures_and_symbols, symbol_columns
 from settlement.spark.io import DayRead
 from settlement.spark.session import local_frame
 
@@ -118,7 +118,8 @@ def settled_symbols(sent: SymbolSums, amended: list[tuple[object, ...]],
         s = sums.setdefault(str(symbol), [0, 0, Decimal(0)])
         s[0] += sign
         s[1] += sign * int(quantity)
-        s[2] += sign * price * int(quantity)
+        with localcontext(EXACT):
+            s[2] += sign * price * int(quantity)
 
     final = {s[0]: dict(zip(T.FINAL_STATES_COLUMNS, s, strict=True)) for s in states}
     for r in amended:

@@ -145,10 +145,11 @@ def validate_frames(
     # The day's trades that its amendments name (few) and the settled day's volume and
     # notional per instrument (what the positions must carry), which the close shares with
     # the amendments' effects and takes while it nets the day: the amended trades by a
-    # semi join, the sums from the day's as sent, the read's pass took those (an aggregate
-    # of its own otherwise). Once the positions come, the invariants compare small frames. amendments_day checks each
-    # amendment against those trades, and how many trades of the day are busted is counted
-    # from them (a cancel of a trade not in the day is amendments_day's to name).
+    # semi join, the sums from the day's as sent (taken by the read's pass, else by an
+    # aggregate of their own). Once the positions come, the invariants compare small
+    # frames. amendments_day checks each amendment against those trades, and how many
+    # trades of the day are busted is counted from them (a cancel of a trade not in the day
+    # is amendments_day's to name).
     if amended_trades is None or settled_symbols is None:
         taken = AmendedTrades(settlement_trades, final_states(amendment_rows))
         amended_trades, settled_symbols = taken.rows, taken.settled_symbols
