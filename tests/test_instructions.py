@@ -312,6 +312,33 @@ def _answer(tmp_path: Path, name: str, rows: list[tuple[str, ...]],
 
 
 @pytest.mark.services
+def test_a_runs_nets_are_read_from_its_month_alone(isolated: Any) -> None:
+    """run_positions is partitioned by month and keyed by date first: the run's nets are
+    read with its date, so one month is read, not a year of history; and a run asked for
+    under another date is refused, not handed an empty set of nets."""
+    import psycopg
+
+    from settlement.db import connect, q
+    from settlement.instructions.store import InstructionsError, for_run
+
+    run = _publish(isolated, "2026-11-25", {("ACC1", "AAPL"): Net(10, Decimal("-1500"))})
+    s = isolated.settings.for_component("settlement")
+    with connect(s.settlement_dsn) as conn:
+        months = [r[0] for r in conn.execute(
+            "select c.relname from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+            " where i.inhparent = 'run_positions'::regclass order by 1")]
+        assert months == ["run_positions_202611", "run_positions_202612"]
+        with psycopg.ClientCursor(conn) as cur:
+            cur.execute("explain " + q("instructions", "run_nets"),
+                        {"run_id": run, "trade_date": "2026-11-25"})
+            plan = "\n".join(r[0] for r in cur.fetchall())
+        assert "run_positions_202611" in plan and "run_positions_202612" not in plan, plan
+        assert for_run(conn, s, "2026-11-25", run).lines  # its instructions, from its nets
+        with pytest.raises(InstructionsError, match="settled 2026-11-25, not 2026-11-26"):
+            for_run(conn, s, "2026-11-26", run)
+
+
+@pytest.mark.services
 def test_a_published_day_yields_its_instructions_and_fails_are_carried_forward(
         isolated: Any, tmp_path: Path) -> None:
     """Wednesday 2026-11-25 settles Friday 2026-11-27; three of its instructions fail and one

@@ -89,6 +89,8 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
     row = conn.execute(q("instructions", "run_settlement"), {"run_id": run_id}).fetchone()
     assert row is not None, f"run {run_id} is not recorded"
     sdate, version, mode = row[0], int(row[1]), row[2]
+    if row[3] != trade_date:  # its nets are read by its date: another would find none
+        raise InstructionsError(f"run {run_id} settled {row[3]}, not {trade_date}")
     if sdate is None:
         try:
             sdate = settlement_date(settings, trade_date)
@@ -98,7 +100,7 @@ def for_run(conn: psycopg.Connection, settings: Settings, trade_date: str,
     if mode is None:  # written now, in this deployment's mode
         mode = settings.instructions_mode
         params = {"run_id": run_id, "trade_date": trade_date, "settlement_date": str(sdate)}
-        nets = _nets(conn, run_id)
+        nets = _nets(conn, run_id, trade_date)
         if mode == "custodian":
             _write_custodian(conn, settings, params, version, nets)
         else:
@@ -117,15 +119,17 @@ def _stored(conn: psycopg.Connection, settings: Settings, trade_date: str, sdate
     if mode != "custodian":
         return InstructionSet(trade_date, sdate, run_id, version, have, carried)
     row = conn.execute(q("instructions", "run_created"), {"run_id": run_id}).fetchone()
-    _, residual = in_minor_units(_nets(conn, run_id) if nets is None else nets,
+    _, residual = in_minor_units(_nets(conn, run_id, trade_date) if nets is None else nets,
                                  minor_units(settings.settlement_currency))
     return InstructionSet(trade_date, sdate, run_id, version, have, carried, mode, row[0],
                           residual)
 
 
-def _nets(conn: psycopg.Connection, run_id: int) -> dict[tuple[str, str], Net]:
+def _nets(conn: psycopg.Connection, run_id: int, trade_date: str
+          ) -> dict[tuple[str, str], Net]:
     return {(a, sym): Net(int(qty), Decimal(cash)) for a, sym, qty, cash in
-            conn.execute(q("instructions", "run_nets"), {"run_id": run_id})}
+            conn.execute(q("instructions", "run_nets"),
+                         {"run_id": run_id, "trade_date": trade_date})}
 
 
 def _insert(conn: psycopg.Connection, run_id: int, lines: list[Instruction]) -> None:

@@ -13,8 +13,8 @@ where p.trade_date = %(trade_date)s
 
 -- name: run_settlement
 -- A published run's settlement date and version (the publishing transaction has numbered it),
--- and the mode its instructions were written in (NULL: not written yet).
-select settlement_date, version, instructions_mode from settlement_runs
+-- and the mode its instructions were written in (NULL: not written yet), and its date.
+select settlement_date, version, instructions_mode, trade_date::text from settlement_runs
 where run_id = %(run_id)s
 
 -- name: set_mode
@@ -47,7 +47,10 @@ from settlement_instructions where run_id = %(run_id)s and kind = 'delta'
 order by instruction_id
 
 -- name: run_nets
-select account, symbol, net_qty, net_cash from run_positions where run_id = %(run_id)s
+-- With the run's date: run_positions is partitioned by month and keyed (trade_date, run_id,
+-- ...), so by the run id alone this probed every month's key, skipping through its dates.
+select account, symbol, net_qty, net_cash from run_positions
+where trade_date = %(trade_date)s and run_id = %(run_id)s
 
 -- name: open_fails
 -- Fails left to carry, from settlement dates before this one: not yet taken by a run, or
