@@ -604,8 +604,9 @@ def test_the_settled_day_per_instrument_from_the_day_as_sent(spark: SparkSession
 
 def test_the_settled_sums_stay_exact_beyond_28_digits() -> None:
     """The driver's arithmetic on the day's notional (decimal(38,4) in Spark) is exact: a
-    notional of 34 digits less a trade of the contract's largest price and quantity, plus its
-    correction, keeps every digit (Python's default context would round it to 28)."""
+    notional of 34 digits less a trade of the largest price and nearly the largest quantity
+    the contract allows, plus its correction, keeps every digit (Python's default context
+    would round it to 28)."""
     from settlement.spark.settle import settled_symbols
 
     big, price, qty = Decimal("123456789012345678901234567890.1234"), \
