@@ -132,10 +132,19 @@ def _nets(conn: psycopg.Connection, run_id: int, trade_date: str
                          {"run_id": run_id, "trade_date": trade_date})}
 
 
+# The columns ``_insert`` copies, in order: the run's id, then an Instruction's fields.
+_INSERTED = ", ".join(("run_id", *Instruction._fields))
+
+
 def _insert(conn: psycopg.Connection, run_id: int, lines: list[Instruction]) -> None:
-    with conn.cursor() as cur:
-        cur.executemany(q("instructions", "insert_instruction"),
-                        [{**line._asdict(), "run_id": run_id} for line in lines])
+    """The lines into settlement_instructions by COPY: a day's set is one line per account
+    and instrument (12,000 for the 2M-trade benchmark day), and one INSERT a line, even
+    pipelined, took 0.4-0.5 s of the publishing transaction."""
+    with conn.cursor().copy(
+            f"copy settlement_instructions ({_INSERTED}) from stdin"  # type: ignore[arg-type]
+    ) as copy:
+        for line in lines:
+            copy.write_row((run_id, *line))
 
 
 def _write(conn: psycopg.Connection, settings: Settings, params: dict[str, Any],

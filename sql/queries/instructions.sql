@@ -69,13 +69,6 @@ where (s.open_quantity <> 0 or s.open_amount <> 0)
                                    and run_id <> %(run_id)s))
 order by s.instruction_id
 
--- name: insert_instruction
-insert into settlement_instructions (instruction_id, run_id, trade_date, settlement_date,
-    account, symbol, side, quantity, payment, amount, version, carried_from, kind, links)
-values (%(instruction_id)s, %(run_id)s, %(trade_date)s, %(settlement_date)s, %(account)s,
-        %(symbol)s, %(side)s, %(quantity)s, %(payment)s, %(amount)s, %(version)s,
-        %(carried_from)s, %(kind)s, %(links)s)
-
 -- name: carry
 update instruction_statuses set carried_into_run = %(run_id)s
 where instruction_id = any(%(ids)s)
