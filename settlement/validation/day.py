@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from settlement.config import Settings
 from settlement.db import connect, q
@@ -126,8 +126,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
                  ahead: LedgerFigures | None = None,
                  docs_in_background: bool = False,
                  amended_trades: Callable[[], list[tuple[object, ...]]] | None = None,
-                 settled_symbols: Callable[[], list[tuple[object, ...]]] | None = None
-                 ) -> ValidationOutcome:
+                 settled_symbols: Callable[[], list[tuple[object, ...]]] | None = None,
+                 amendment_rows: list[Row] | None = None) -> ValidationOutcome:
     """Every suite that applies to this day: the deduplicated day the settlement used, the
     ledger(s), Kafka when it was the source, both site ledgers in the separate scheme, the
     retention gaps the chooser found in the ledgers, the positions.
@@ -137,8 +137,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     ``ledger_figures_ahead``), without reading its trades.
     ``positions`` as a function: called when the invariants' suite runs, the last (a close
     nets the day while the suites before it run).
-    ``docs_in_background``: ``run_suites``'; ``amended_trades``, ``settled_symbols``:
-    ``validate_frames``'."""
+    ``docs_in_background``: ``run_suites``'; ``amended_trades``, ``settled_symbols``,
+    ``amendment_rows`` (``read.amendments`` collected): ``validate_frames``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -198,7 +198,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         settled_figures=read.figures if trades is read.trades else None,
         copies_agree_within_partitions=read.copies_agree,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
-        amendments=read.amendments,
+        amendments=read.amendments, amendment_rows=amendment_rows,
         amendment_figures=read.amendment_figures, other_amendments=other_amendments,
         amended_trades=amended_trades, settled_symbols=settled_symbols,
         docs_in_background=docs_in_background,
