@@ -285,10 +285,6 @@ class LedgerState:
     def expected_trades(self) -> int:
         return sum(m.last_seq for m in self.markers.values())
 
-    @property
-    def max_seq(self) -> int:
-        return max((s.max_seq for s in self.stats.values()), default=0)
-
     def complete(self, partitions: int) -> bool:
         """Every partition closed and its seq running 1..last_seq once each."""
         if len(self.markers) != partitions:

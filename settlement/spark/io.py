@@ -404,8 +404,8 @@ def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
     return facts
 
 
-def read_ledger(spark: SparkSession, settings: Settings, choice: SourceChoice, ledger: str,
-                trade_date: str, where: str | None = None) -> DataFrame:
+def read_ledger(spark: SparkSession, settings: Settings, ledger: str, trade_date: str,
+                where: str | None = None) -> DataFrame:
     """One ledger's day over JDBC, in parallel slices by the exchange sequence number's
     remainder. ``where``: a further SQL condition built by the caller from integers
     (validation's bucket drill-down)."""
@@ -474,7 +474,7 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
     """The ledger(s); a union of two when no single ledger is complete. ``driver_read``: each
     ledger's day by one query of the driver (a small day), not by Spark's JDBC reader."""
     frames = {name: (smallday.ledger_day(spark, settings, name, trade_date) if driver_read
-                     else read_ledger(spark, settings, choice, name, trade_date))
+                     else read_ledger(spark, settings, name, trade_date))
               for name in ledgers}
     amendments = ledger_amendments(spark, settings, choice, ledgers, trade_date)
     closes: dict[int, int] = {}

@@ -28,13 +28,13 @@ from settlement.validation import DATA_LOSS_SCHEMA, validate_frames
 from settlement.validation.run import Frame, ValidationOutcome
 
 
-def _ledger_frame(spark: SparkSession, settings: Settings, choice: SourceChoice, read: DayRead,
-                  name: str, trade_date: str) -> DataFrame:
+def _ledger_frame(spark: SparkSession, settings: Settings, read: DayRead, name: str,
+                  trade_date: str) -> DataFrame:
     held = read.ledgers.get(name)
     if held is not None:
         return held
     # Read here (a Kafka-sourced day) and checked by several queries: read over JDBC once.
-    frame = read_ledger(spark, settings, choice, name, trade_date).persist()
+    frame = read_ledger(spark, settings, name, trade_date).persist()
     read.cached.append(frame)
     read.ledgers[name] = frame
     return frame
@@ -99,9 +99,8 @@ def _figures(settings: Settings, name: str, trade_date: str) -> tuple[Figures, f
             round(time.perf_counter() - t0, 3))
 
 
-def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, name: str,
-                trade_date: str, ahead: Future[tuple[Figures, float]] | None = None
-                ) -> DaySide:
+def ledger_side(spark: SparkSession, settings: Settings, name: str, trade_date: str,
+                ahead: Future[tuple[Figures, float]] | None = None) -> DaySide:
     """A ledger's day as its bucket figures, taken by one SQL aggregate in PostgreSQL (or
     ``ahead``, started earlier); the trades of a bucket are read over JDBC only when its
     figures differ from the other copy's."""
@@ -112,7 +111,7 @@ def ledger_side(spark: SparkSession, settings: Settings, choice: SourceChoice, n
     def rows_in(buckets: list[Bucket]) -> DataFrame:
         if not buckets:
             return local_frame(spark, [], TRADE_SCHEMA)
-        return read_ledger(spark, settings, choice, name, trade_date,
+        return read_ledger(spark, settings, name, trade_date,
                            where=bucket_sql(buckets))
 
     # What validation waited for: the aggregate's own time when it ran here, else the wait.
@@ -146,7 +145,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         if name not in sides:
             held = read.ledgers.get(name)
             sides[name] = held if held is not None else ledger_side(
-                spark, settings, choice, name, trade_date, (ahead or {}).get(name))
+                spark, settings, name, trade_date, (ahead or {}).get(name))
         return sides[name]
 
     ledger: DataFrame | DaySide | None = None
@@ -158,7 +157,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     elif plan.ledgers:
         # No ledger is complete alone: their union, deduplicated, is the day (read in full:
         # figures of a union across two databases cannot be summed from each one's).
-        frames = [_ledger_frame(spark, settings, choice, read, n, trade_date)
+        frames = [_ledger_frame(spark, settings, read, n, trade_date)
                   for n in plan.ledgers]
         union = frames[0]
         for other in frames[1:]:
