@@ -301,6 +301,27 @@ def test_the_close_is_the_price_of_the_days_last_trade(spark: SparkSession) -> N
     assert summary == {"XAU": d("3.0000"), "XAG": d("5.0000")}
 
 
+def test_the_positions_are_handed_over_before_the_closing_prices_are_queried(
+        spark: SparkSession) -> None:
+    """Validation's last suite waits for the positions: it gets them from the legs, and runs
+    beside the closing prices' pass over the day instead of after it."""
+    rows = [trade("t1", "XAU", "2.5000", 3, "A", "B"), trade("t2", "XAG", "1.0000", 7, "B", "C")]
+    tracker = spark.sparkContext.statusTracker()
+    handed: list[tuple[list[Any], int]] = []
+
+    def jobs() -> int:
+        return max(tracker.getJobIdsForGroup(None), default=-1)
+
+    netted = net(frame(spark, rows, S.TRADE_SCHEMA), DAY,
+                 on_positions=lambda positions: handed.append((positions, jobs())))
+    assert len(handed) == 1
+    positions, jobs_then = handed[0]
+    assert positions == netted.positions and len(positions) == 4
+    assert jobs() > jobs_then  # the closing prices were queried after the hand-over
+    assert {i.symbol: i.close_price for i in netted.instruments} == {
+        "XAU": d("2.5000"), "XAG": d("1.0000")}
+
+
 def test_a_symbols_close_is_its_latest_trades_greatest_id_however_its_legs_fall() -> None:
     from settlement.eod.model import closes, latest_times
 

@@ -168,8 +168,17 @@ def closes(candidates: Iterable[tuple[str, str, Decimal]]) -> dict[str, Decimal]
     return {symbol: price for symbol, (_, price) in best.items()}
 
 
+def positions_of(legs: Iterable[Leg], trade_date: dt.date) -> list[Position]:
+    """The day's positions, one per leg (account and symbol), by account then symbol."""
+    return [Position(trade_date, x.account, x.symbol, x.bought_qty, x.sold_qty,
+                     x.bought_qty - x.sold_qty, x.buy_amount, x.sell_amount,
+                     _exact_sum((x.sell_amount, -x.buy_amount)), x.trade_count)
+            for x in sorted(legs, key=lambda x: (x.account, x.symbol))]
+
+
 def net_legs(legs: Iterable[Leg], trade_date: dt.date,
-             close: dict[str, Decimal] | None = None) -> Netted:
+             close: dict[str, Decimal] | None = None,
+             positions: list[Position] | None = None) -> Netted:
     """The day's positions, cash obligations and instrument summary from its legs.
 
     The legs are at most accounts x symbols rows, summed by Spark from the day's trades;
@@ -180,13 +189,11 @@ def net_legs(legs: Iterable[Leg], trade_date: dt.date,
     notional are its accounts' buys, bought quantities and buy amounts; its VWAP is
     notional / volume rounded half-up to 10 places, exactly (in integers); its close the
     price of its last trade (``close``: symbol -> price, from ``closes``; none when not
-    given)."""
+    given). ``positions``: ``positions_of`` these legs, when the caller took them already."""
     close = close or {}
     legs = sorted(legs, key=lambda x: (x.account, x.symbol))
-    positions = [Position(trade_date, x.account, x.symbol, x.bought_qty, x.sold_qty,
-                          x.bought_qty - x.sold_qty, x.buy_amount, x.sell_amount,
-                          _exact_sum((x.sell_amount, -x.buy_amount)), x.trade_count)
-                 for x in legs]
+    if positions is None:
+        positions = positions_of(legs, trade_date)
     by_account: dict[str, list[Position]] = {}
     for p in positions:
         by_account.setdefault(p.account, []).append(p)

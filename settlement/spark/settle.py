@@ -29,6 +29,7 @@ from settlement.eod.model import (
     latest_times,
     net_legs,
     netting,
+    positions_of,
     rows_of,
 )
 from settlement.spark import transforms as T
@@ -196,15 +197,14 @@ def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
             on_positions: Callable[[list[Position]], None] | None = None) -> SettledDay:
     """Positions, obligations and instrument summaries of a deduplicated day.
     ``on_positions``: called with the positions as soon as they are netted (validation's
-    last suite waits for them), before the amendments' effects are looked up."""
+    last suite waits for them), before the closing prices and the amendments' effects are
+    looked up."""
     timings = dict(day.timings)
     t1 = time.perf_counter()
     # One pass over the day in Spark, its legs (at most accounts x symbols rows) collected;
     # positions, obligations and instruments are small aggregates of them, taken in Python
     # (sorted there too: Python's order of str is Spark's of UTF-8 strings, by code point).
-    positions, obligations, instruments = net(day.final, trade_date)
-    if on_positions is not None:
-        on_positions(positions)
+    positions, obligations, instruments = net(day.final, trade_date, on_positions)
     per_partition = day.per_partition if day.per_partition is not None else {
         int(r["kafka_partition"]): int(r["count"])
         for r in day.trades.groupBy("kafka_partition").count().collect()}
@@ -224,18 +224,27 @@ def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,
     return SettledDay(result, day.trades, day.final)
 
 
-def net(final: DataFrame, trade_date: str | dt.date) -> Netted:
+def net(final: DataFrame, trade_date: str | dt.date,
+        on_positions: Callable[[list[Position]], None] | None = None) -> Netted:
     """The positions, cash obligations and instrument summary of a day in final states: its
     legs summed by Spark in one pass (at most accounts x symbols rows, collected), the rest
-    taken from them in Python (``settlement.eod.model.net_legs``)."""
+    taken from them in Python (``settlement.eod.model.net_legs``).
+
+    ``on_positions`` gets the positions as soon as the legs are summed: they need nothing
+    else, and the closing prices take another pass over the day, which validation's last
+    suite (waiting for the positions) then runs beside."""
     day = trade_date if isinstance(trade_date, dt.date) else dt.date.fromisoformat(trade_date)
     legs = rows_of(Leg, T.netting_legs(final, day).collect())
+    positions = None
+    if on_positions is not None:
+        positions = positions_of(legs, day)
+        on_positions(positions)
     last = latest_times(legs)
     close: dict[str, Decimal] = {}
     if last:  # an empty day has no close to find, and no query is run for it
         at = local_frame(final.sparkSession, sorted(last.items()), T.LATEST_TIMES)
         close = closes(T.closing_trades(final, day, at).collect())
-    return net_legs(legs, day, close)
+    return net_legs(legs, day, close, positions)
 
 
 def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
