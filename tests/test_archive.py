@@ -43,6 +43,15 @@ def _report_page(settings: Any, run_id: int, monkeypatch: pytest.MonkeyPatch) ->
         reports_app.app.dependency_overrides.clear()
 
 
+def _marked_seqs(s: Any, day: str) -> int:
+    from settlement.db import connect
+
+    with connect(s.for_component("admin").ledger_dsn("a")) as conn:
+        row = conn.execute("select sum(last_seq) from close_markers where trade_date = %s",
+                           (day,)).fetchone()
+    return int(row[0])
+
+
 @pytest.mark.services
 def test_an_archived_day_restored_and_settled_again_gives_its_published_positions(
         isolated: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,7 +66,12 @@ def test_an_archived_day_restored_and_settled_again_gives_its_published_position
                   tmp_path / f"{x}{n}.log") for x in ("a", "b")]
         for proc, log in procs:
             assert wait_exit(proc, log)["closed"]
-        assert settle(["eod", "--date", day, "--source", "db"], env)["published"]
+        closed = settle(["eod", "--date", day, "--source", "db"], env)
+        assert closed["published"]
+        # A cold close starts its JVM beside the source's choice, sized by the close markers
+        # (each seq: a trade or an amendment), and sets its SQL by the exact count.
+        assert closed["jvm"]["sized_by_close_markers"] == _marked_seqs(s, day) > 1500
+        assert closed["jvm"]["small_day"] is True
     # Malformed messages have no trade date (they stay); a dated dead letter, as a late
     # trade leaves, with bytes that are not text, in each ledger.
     from settlement.db import connect

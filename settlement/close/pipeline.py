@@ -598,6 +598,9 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     # CLI or spark-submit's driver, the lease): the fixed cost a small day is made of.
     timings: dict[str, float] = {"before_close_seconds": _since_process_start()}
     say(f"{trade_date}: choosing the source (source={source})")
+    started: dict[str, float] = {}
+    jvm: dict[str, object] = {}
+    early = _EarlySession.start(settings, trade_date, started, jvm)
     # The close's own modules are imported in a thread while the source is chosen: the
     # chooser mostly waits for the ledgers and Kafka, so the imports take the idle core,
     # and the JVM started after the choice then shares the cores with less of them (the
@@ -607,17 +610,17 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     importing.start()
     choice = _timed(timings, "choose",
                     lambda: with_reason(choose_source(settings, trade_date, source), reason))
-    # Then the JVM and the Spark session start, in a thread of their own: the JVM is another
+    # The JVM and the Spark session start in a thread of their own: the JVM is another
     # process, so it starts on the other core while this thread imports validation (Great
     # Expectations: about 4 s of CPU), makes the GX project ready and records the run; a
-    # cold close paid them one after the other. (After the choice, not before: a date no
-    # source holds is said at once, with no JVM starting behind the error.) The session's
-    # own start-up is timed in its thread; what the close still waits for is
+    # cold close paid them one after the other. When a ledger's close markers gave the day's
+    # size, it started beside the choice (``_EarlySession``); else it starts now, after the
+    # choice: a date no source holds is said at once, with no JVM starting behind the error.
+    # The session's own start-up is timed in its thread; what the close still waits for is
     # ``session_seconds``.
-    started: dict[str, float] = {}
-    jvm: dict[str, object] = {}
-    session = start_session(settings, app_name=f"settlement-{trade_date}", timings=started,
-                            day_rows=choice.day_rows(), jvm_info=jvm)
+    session = (early.session if early is not None and early.sized.result()
+               else start_session(settings, app_name=f"settlement-{trade_date}",
+                                  timings=started, day_rows=choice.day_rows(), jvm_info=jvm))
     imports_t0 = time.perf_counter()
     importing.join()
     _import_close_modules()  # done already; raises here what the thread's imports raised
@@ -632,6 +635,57 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     run = _Run(settings, trade_date, lease, choice, run_id, say,
                {"run_id": run_id, **choice.as_dict()}, timings)
     return run, session, started, jvm
+
+
+@dataclass(frozen=True)
+class _EarlySession:
+    """The Spark session of a cold close, started beside the source's choice.
+
+    The JVM's options depend on the day's size (``settlement.spark.session.quick_jit``),
+    which the choice counts exactly in about a second on a 2M-trade day (its queries are
+    PostgreSQL's work, and leave this host's other core to the imports). The close markers
+    say it first, by one indexed lookup (``marked_rows``): with them the JVM starts that
+    second sooner, and the SQL settings are set by the exact count once it is known
+    (``size_for_day``). ``sized`` is whether it started (False: no ledger has the day's
+    markers, and the close starts its session after the choice, as before)."""
+
+    sized: Future[bool]
+    session: Future[Any]
+
+    @classmethod
+    def start(cls, settings: Settings, trade_date: str, timings: dict[str, float],
+              jvm: dict[str, object]) -> _EarlySession | None:
+        from settlement.eod.sources import marked_rows
+        from settlement.spark.session import build_session, starts_a_jvm
+
+        if not starts_a_jvm():
+            return None  # a session is up (a test's) or spark-submit started the JVM
+        out = cls(Future(), Future())
+
+        def run() -> None:
+            try:
+                rows = marked_rows(settings, trade_date)
+            except BaseException:  # noqa: BLE001 - the close starts its session later
+                rows = 0
+            out.sized.set_result(rows > 0)
+            if rows <= 0:
+                return
+            jvm["sized_by_close_markers"] = rows
+            t0 = time.perf_counter()
+            try:
+                spark = build_session(settings, f"settlement-{trade_date}", day_rows=rows,
+                                      jvm_info=jvm)
+            except BaseException as e:  # noqa: BLE001 - raised where the session is taken
+                out.session.set_exception(e)
+                return
+            finally:
+                timings["jvm_start_seconds"] = round(time.perf_counter() - t0, 3)
+            out.session.set_result(spark)
+
+        # A daemon thread: a choice that fails (no source holds the date) ends the process
+        # at once, its JVM with it (PySpark's gateway exits when its parent's pipe closes).
+        threading.Thread(target=run, name="spark-start", daemon=True).start()
+        return out
 
 
 def _import_close_modules() -> None:
@@ -649,6 +703,7 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
     """Read the day once, deduplicate it, net it (validating beside the netting), and stage
     the results in the run_* tables."""
     from settlement.spark.io import read_day
+    from settlement.spark.session import size_for_day
     from settlement.spark.settle import dedupe_day, net_day
     from settlement.validation.day import ledger_figures_ahead, settled_row_sums, validate_day
 
@@ -657,6 +712,8 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
     say("starting Spark")
     # What is left of the session's start once the steps above are done.
     spark = _timed(run.timings, "session", session.result)
+    # A session started beside the choice was sized by an estimate: now by the count.
+    jvm["small_day"] = size_for_day(spark, settings, choice.day_rows())
     # The ledgers' checksums are one SQL aggregate each: PostgreSQL takes them while Spark
     # reads and nets the day. Not before the session is up: the JVM's start is CPU on both
     # cores, and beside the aggregate (an md5 of every trade) a 2M-trade day's Kafka close

@@ -262,6 +262,22 @@ def build_session(
     return spark
 
 
+def starts_a_jvm() -> bool:
+    """A session built now starts this process's JVM (none runs yet, and spark-submit did
+    not start one for it)."""
+    return not _launched_by_spark_submit() and SparkContext._gateway is None
+
+
+def size_for_day(spark: SparkSession, settings: Settings, day_rows: int) -> bool:
+    """The SQL settings of a day of ``day_rows`` rows (SMALL_DAY or LARGE_DAY), on a session
+    that may have been started before the day's size was known exactly; whether it is a
+    small day."""
+    small = is_small_day(settings, day_rows)
+    for key, value in (SMALL_DAY if small else LARGE_DAY).items():
+        spark.conf.set(key, value)
+    return small
+
+
 def start_session(settings: Settings, app_name: str = "settlement",
                   conf: Mapping[str, str] | None = None,
                   timings: dict[str, float] | None = None, day_rows: int | None = None,

@@ -12,6 +12,10 @@ left join lateral (select amended, last_seq, kafka_offset from amended_close_mar
                    order by amended desc limit 1) a on true
 where m.trade_date = %(trade_date)s
 
+-- name: marked_rows
+-- The day's seqs by its close markers (settlement.eod.sources.marked_rows): its size, about.
+select coalesce(sum(last_seq), 0) from close_markers where trade_date = %(trade_date)s
+
 -- name: previous_close_markers
 -- Where each partition's previous trading day ended: the day starts right after it.
 select kafka_partition, max(kafka_offset) from close_markers
