@@ -494,6 +494,16 @@ def test_session_has_the_connectors(spark: SparkSession) -> None:
     assert loaded(jvm)
 
 
+def test_jobs_of_two_threads_share_the_cores_fairly(spark: SparkSession) -> None:
+    """A close validates while it nets: Spark schedules FAIR, in a FAIR default pool, so a
+    small query of validation's takes the next free core instead of queueing behind a
+    netting stage (FIFO, Spark's default, queued it)."""
+    sc = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+    assert str(sc.getSchedulingMode()) == "FAIR"
+    pool = sc.getPoolForName("default")
+    assert pool.isDefined() and str(pool.get().schedulingMode()) == "FAIR"
+
+
 def _cached_bytes(spark: SparkSession) -> int:
     return sum(int(i.memSize()) for i in spark.sparkContext._jsc.sc().getRDDStorageInfo())
 

@@ -57,6 +57,10 @@ DEFAULTS: dict[str, str] = {
     # The console progress bar writes carriage-return frames to stderr: noise in an
     # operator's terminal and in Airflow's task log, where the run's own progress is printed.
     "spark.ui.showConsoleProgress": "false",
+    # A close validates while it nets, from two threads: with Spark's FIFO default each of
+    # validation's small queries waited for the netting's stage to end; shared fairly (in
+    # FAIR mode Spark's default pool is FAIR too), they take the next free core.
+    "spark.scheduler.mode": "FAIR",
 }
 
 
