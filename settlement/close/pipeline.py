@@ -618,9 +618,10 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     # choice: a date no source holds is said at once, with no JVM starting behind the error.
     # The session's own start-up is timed in its thread; what the close still waits for is
     # ``session_seconds``.
-    session = (early.session if early is not None and early.sized.result()
-               else start_session(settings, app_name=f"settlement-{trade_date}",
-                                  timings=started, day_rows=choice.day_rows(), jvm_info=jvm))
+    session = early.session() if early is not None else None
+    if session is None:
+        session = start_session(settings, app_name=f"settlement-{trade_date}",
+                                timings=started, day_rows=choice.day_rows(), jvm_info=jvm)
     imports_t0 = time.perf_counter()
     importing.join()
     _import_close_modules()  # done already; raises here what the thread's imports raised
@@ -637,7 +638,6 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     return run, session, started, jvm
 
 
-@dataclass(frozen=True)
 class _EarlySession:
     """The Spark session of a cold close, started beside the source's choice.
 
@@ -646,11 +646,14 @@ class _EarlySession:
     PostgreSQL's work, and leave this host's other core to the imports). The close markers
     say it first, by one indexed lookup (``marked_rows``): with them the JVM starts that
     second sooner, and the SQL settings are set by the exact count once it is known
-    (``size_for_day``). ``sized`` is whether it started (False: no ledger has the day's
-    markers, and the close starts its session after the choice, as before)."""
+    (``size_for_day``). No ledger with the day's markers, or none answering before the
+    choice is made: the close starts its session after the choice, as before."""
 
-    sized: Future[bool]
-    session: Future[Any]
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._decided = False  # the markers were counted, or the choice came first
+        self._started = False
+        self._session: Future[Any] = Future()
 
     @classmethod
     def start(cls, settings: Settings, trade_date: str, timings: dict[str, float],
@@ -660,14 +663,17 @@ class _EarlySession:
 
         if not starts_a_jvm():
             return None  # a session is up (a test's) or spark-submit started the JVM
-        out = cls(Future(), Future())
+        out = cls()
 
         def run() -> None:
             try:
                 rows = marked_rows(settings, trade_date)
-            except BaseException:  # noqa: BLE001 - the close starts its session later
+            except Exception:  # noqa: BLE001 - the close starts its session after the choice
                 rows = 0
-            out.sized.set_result(rows > 0)
+            with out._lock:
+                if out._decided:
+                    return  # the choice came first: the close started its own session
+                out._decided, out._started = True, rows > 0
             if rows <= 0:
                 return
             jvm["sized_by_close_markers"] = rows
@@ -676,16 +682,23 @@ class _EarlySession:
                 spark = build_session(settings, f"settlement-{trade_date}", day_rows=rows,
                                       jvm_info=jvm)
             except BaseException as e:  # noqa: BLE001 - raised where the session is taken
-                out.session.set_exception(e)
+                out._session.set_exception(e)
                 return
             finally:
                 timings["jvm_start_seconds"] = round(time.perf_counter() - t0, 3)
-            out.session.set_result(spark)
+            out._session.set_result(spark)
 
-        # A daemon thread: a choice that fails (no source holds the date) ends the process
-        # at once, its JVM with it (PySpark's gateway exits when its parent's pipe closes).
+        # A daemon thread: a choice that fails (say --source kafka, and Kafka lacks the day)
+        # ends the process at once, and its JVM with it (PySpark's gateway exits when its
+        # parent's pipe closes).
         threading.Thread(target=run, name="spark-start", daemon=True).start()
         return out
+
+    def session(self) -> Future[Any] | None:
+        """The session started beside the choice, or None (and then none will start)."""
+        with self._lock:
+            self._decided = True
+            return self._session if self._started else None
 
 
 def _import_close_modules() -> None:
