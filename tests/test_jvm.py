@@ -195,3 +195,58 @@ def test_the_setup_warm_up_says_why_it_builds_nothing(tmp_path):
     assert not (tmp_path / "state").exists()
     off = load_settings(jars_dir=tmp_path / "jars", spark_class_archive=False)
     assert "nothing to build" in warmup.build(off)
+
+
+def test_a_session_started_beside_the_choice_is_handed_over_only_once_started(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold close starts its JVM beside the source's choice when the close markers size
+    the day; a choice made before the markers answered takes no early session, and none
+    starts after it (two JVMs in one close would fight for the cores)."""
+    import threading
+
+    import settlement.eod.sources as sources
+    import settlement.spark.session as session
+    from settlement.close.pipeline import _EarlySession
+
+    built: list[int | None] = []
+    answer = threading.Event()
+    rows = {"n": 0}
+
+    def marked(_settings: object, _day: str) -> int:
+        assert answer.wait(10)
+        return rows["n"]
+
+    def build(_settings: object, _name: str, day_rows: int | None = None,
+              jvm_info: dict[str, object] | None = None) -> str:
+        built.append(day_rows)
+        return "session"
+
+    monkeypatch.setattr(sources, "marked_rows", marked)
+    monkeypatch.setattr(session, "build_session", build)
+    monkeypatch.setattr(session, "starts_a_jvm", lambda: True)
+    settings = load_settings()
+
+    def started(n: int, choice_first: bool) -> tuple[object, dict[str, object]]:
+        rows["n"] = n
+        answer.clear()
+        timings: dict[str, float] = {}
+        jvm: dict[str, object] = {}
+        early = _EarlySession.start(settings, "2026-11-24", timings, jvm)
+        assert early is not None
+        if not choice_first:
+            answer.set()
+            deadline = time.monotonic() + 10
+            while n and not built and time.monotonic() < deadline:
+                time.sleep(0.01)
+        taken = early.session()
+        answer.set()
+        time.sleep(0.2)  # the thread, had it gone on, would have built by now
+        return (None if taken is None else taken.result(5)), jvm
+
+    assert started(2_000_000, choice_first=False) == (
+        "session", {"sized_by_close_markers": 2_000_000})
+    assert built == [2_000_000]
+    built.clear()
+    assert started(2_000_000, choice_first=True) == (None, {})  # the choice came first
+    assert started(0, choice_first=False) == (None, {})  # no ledger has the day's markers
+    assert built == []
