@@ -602,9 +602,9 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
     jvm: dict[str, object] = {}
     early = _EarlySession.start(settings, trade_date, started, jvm)
     # The close's own modules are imported in a thread while the source is chosen: the
-    # chooser mostly waits for the ledgers and Kafka, so the imports take the idle core,
-    # and the JVM started after the choice then shares the cores with less of them (the
-    # session was ready 0.3-0.5 s sooner on the 2M-trade day).
+    # chooser mostly waits for the ledgers and Kafka, so the imports take the idle core
+    # (before the JVM started beside the choice, a JVM started after it was ready 0.3-0.5 s
+    # sooner this way on the 2M-trade day).
     importing = threading.Thread(target=_import_close_modules, name="close-imports",
                                  daemon=True)
     importing.start()
