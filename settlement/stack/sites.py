@@ -9,6 +9,7 @@ import json
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,14 +137,31 @@ def make_primary(stack: Stack, site: str, log: Log, timeout: float = 180) -> str
                                    f"site {before}'s after {timeout:.0f} s: {cluster(stack)}")
             time.sleep(1)
         log(f"switching the settlement database's primary over from site {before} to {site}")
-        patroni(stack, before, "/switchover",
-                {"leader": MEMBERS[before], "candidate": MEMBERS[site]}, timeout=60)
+        _switchover(stack, before, site, deadline)
     while not in_sync(cluster(stack), site):
         if time.monotonic() > deadline:
             raise ServiceError(f"site {site}'s member did not become the primary with a "
                                f"synchronous standby in {timeout:.0f} s: {cluster(stack)}")
         time.sleep(1)
     return before
+
+
+def _switchover(stack: Stack, leader: str, candidate: str, deadline: float) -> None:
+    """Patroni's switchover, asked again while it answers 412 (its precondition: the leader
+    asks the candidate's own API whether it is healthy and caught up, which a member that
+    the cluster's view already shows in sync may not answer yet, just after a rejoin)."""
+    body = {"leader": MEMBERS[leader], "candidate": MEMBERS[candidate]}
+    while True:
+        try:
+            patroni(stack, leader, "/switchover", body, timeout=60)
+            return
+        except urllib.error.HTTPError as e:
+            why = e.read().decode(errors="replace").strip()
+            if e.code != 412 or time.monotonic() > deadline:
+                raise ServiceError(f"Patroni refused the switchover from site {leader} to "
+                                   f"site {candidate}: HTTP {e.code}: {why or e.reason}; "
+                                   f"the cluster: {cluster(stack)}") from None
+        time.sleep(2)
 
 
 def in_recovery(dsn: str) -> bool | None:
