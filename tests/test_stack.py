@@ -387,6 +387,52 @@ def test_leftovers_this_env_cannot_open_are_named_and_nothing_else_is() -> None:
     assert reason is not None and "kafka-3-data" in reason and "kafka-1-data" not in reason
 
 
+def test_a_switchover_refused_with_412_is_asked_again_and_its_reason_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patroni answers 412 while the leader does not yet find the candidate healthy (just
+    after a rejoin): asked again until the deadline; then, and on any other refusal, the
+    error names Patroni's reason."""
+    import io
+    import urllib.error
+
+    from settlement.errors import ServiceError
+    from settlement.stack import sites
+
+    answers: list[int] = []
+
+    def refusing(codes: list[int]) -> Callable[..., Any]:
+        def call(_stack: Any, site: str, path: str, body: Any = None, timeout: float = 10
+                 ) -> Any:
+            assert (site, path, body) == ("b", "/switchover",
+                                          {"leader": "postgres-b", "candidate": "postgres-a"})
+            code = codes.pop(0) if codes else 200
+            answers.append(code)
+            if code != 200:
+                raise urllib.error.HTTPError(
+                    "https://b/switchover", code, "refused", None,  # type: ignore[arg-type]
+                    io.BytesIO(b"candidate postgres-a is not healthy"))
+            return "Successfully switched over"
+        return call
+
+    monkeypatch.setattr(sites, "cluster", lambda _stack: {})
+    monkeypatch.setattr(sites.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(sites, "patroni", refusing([412, 412]))
+    sites._switchover(None, "b", "a", time.monotonic() + 60)  # type: ignore[arg-type]
+    assert answers == [412, 412, 200]
+
+    answers.clear()
+    monkeypatch.setattr(sites, "patroni", refusing([412] * 100))
+    with pytest.raises(ServiceError, match="HTTP 412: candidate postgres-a is not healthy"):
+        sites._switchover(None, "b", "a", time.monotonic() - 1)  # type: ignore[arg-type]
+    assert answers == [412]  # past the deadline: not asked again
+
+    answers.clear()
+    monkeypatch.setattr(sites, "patroni", refusing([503]))
+    with pytest.raises(ServiceError, match="HTTP 503"):
+        sites._switchover(None, "b", "a", time.monotonic() + 60)  # type: ignore[arg-type]
+    assert answers == [503]
+
+
 def test_why_a_service_failed_is_its_last_distinct_error_lines() -> None:
     from settlement.stack.compose import error_lines
 
