@@ -34,11 +34,13 @@ from settlement.spark.deferred import resolve_deferred
 from settlement.spark.parse import (
     CLASSIFIED_SCHEMA,
     classify_kafka_values,
+    first_copies,
     split_classified,
     stage,
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA
 from settlement.spark.session import local_frame
+from settlement.spark.settle import amended_trades
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_parity import CORPUS, close, corpus_messages, trade
 
@@ -482,6 +484,32 @@ def test_the_decided_amendments_are_the_days_when_no_partition_is_given_back(
             assert sorted(tuple(r) for r in held) == picked  # as the read hands them on
         finally:
             verdicts.unpersist()
+
+
+def test_the_trades_the_amendments_name_are_picked_as_a_pass_over_the_day_would(
+        spark: SparkSession) -> None:  # noqa: F811
+    """While the driver decides the deferred messages, the kept trades of the day that they
+    name (as the JVM read the id) are picked out of the verdicts (``Resolved.picked``): for
+    any set of those ids they must be exactly what ``amended_trades`` finds by a pass over
+    the settled day; an id the JVM did not read as the parser did (an escape) was not looked
+    for, so the settlement scans the day for it (``of`` says None)."""
+    log = [m for m in dirty_log() if m[0] in (0, 1, 2)]
+    frame = stage(spark.createDataFrame(_rows(log), RAW_SCHEMA).coalesce(1))
+    verdicts = jvmclassify.classify_jvm(frame, MAX_BYTES).persist()
+    try:
+        got = resolve_deferred(verdicts, MAX_BYTES, lambda parts: spark.createDataFrame(
+            [], CLASSIFIED_SCHEMA), D1)
+        assert not got.workers and got.picked is not None and got.amendments is not None
+        accepted = {r[0] for r in got.amendments if str(r[1]) == D1}
+        day = first_copies(got.rows).where(F.col("trade_date") == F.lit(D1).cast("date"))
+        assert "T000008" in accepted and "T000008" not in got.picked.ids  # the escaped id
+        assert got.picked.of(accepted) is None
+        readable = accepted & got.picked.ids
+        assert len(readable) >= 3
+        scanned = amended_trades(day, [(i,) for i in sorted(readable)])
+        assert got.picked.of(readable) == scanned and len(scanned) == len(readable)
+    finally:
+        verdicts.unpersist()
 
 
 def test_the_size_limit_sends_a_value_to_the_python_classifier(spark: SparkSession  # noqa: F811

@@ -26,7 +26,7 @@ from settlement.eod.model import SourceChoice
 from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
-from settlement.spark.deferred import resolve_deferred
+from settlement.spark.deferred import Picked, resolve_deferred
 from settlement.spark.figures import (
     FIGURE_FIELDS,
     FiguresBySymbol,
@@ -150,6 +150,9 @@ class DayRead:
     # settlement.spark.smallday) or "workers" (a Kafka day read by the tasks' Python
     # workers, settlement.spark.kafkaread).
     read_by: str = "spark"
+    # The day's trades its amendments name, when the read picked them out already (the JVM
+    # read's, while the driver decided its deferred messages).
+    amended: Picked | None = None
 
     def release(self) -> None:
         for df in self.cached:
@@ -272,7 +275,7 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
         return cached[-1]
 
     try:  # its first pass is where Kafka is read
-        resolved = resolve_deferred(verdicts, settings.max_message_bytes, python)
+        resolved = resolve_deferred(verdicts, settings.max_message_bytes, python, trade_date)
     except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
         error = kafkaread.worker_error(str(e))
         if error is None:
@@ -280,7 +283,7 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
         raise error from None
     with _worker_errors():
         return _kafka_read(spark, resolved.rows, cached, trade_date, resolved.read_by,
-                           resolved.amendments)
+                           resolved.amendments, resolved.picked)
 
 
 def kafka_source(spark: SparkSession, settings: Settings,
@@ -314,7 +317,8 @@ def kafka_source(spark: SparkSession, settings: Settings,
 
 def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFrame],
                 trade_date: str, read_by: str = "spark",
-                amendment_rows: list[tuple[Any, ...]] | None = None) -> DayRead:
+                amendment_rows: list[tuple[Any, ...]] | None = None,
+                picked: Picked | None = None) -> DayRead:
     """What a Kafka read hands the settlement, from its classified messages.
     ``amendment_rows``: the accepted amendments of every date when the read holds them
     already (AMENDMENT_SCHEMA rows: the JVM read's, decided in the driver)."""
@@ -334,7 +338,8 @@ def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFra
         duplicates=facts.duplicates, per_partition=facts.per_partition,
         figures=facts.figures, symbol_sums=facts.symbol_sums, copies_agree=True,
         other_dates=facts.other_dates,
-        amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by)
+        amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by,
+        amended=picked)
 
 
 @dataclass
@@ -437,36 +442,36 @@ def read_ledger(spark: SparkSession, settings: Settings, ledger: str, trade_date
                             .withColumn("executed_at", F.timestamp_micros("executed_us")))
 
 
-def read_amendments(spark: SparkSession, settings: Settings, ledger: str, trade_date: str
-                    ) -> DataFrame:
-    """One ledger's cancels and corrections of the day (AMENDMENT_SCHEMA): few, so one query
-    of the driver, handed to Spark in memory (Spark's JDBC reader cost a schema query and a
-    Spark job: a 200,000-trade close's read step took 0.9-1.1 s with it, 0.5 s without)."""
+def amendment_rows(settings: Settings, ledger: str, trade_date: str) -> list[tuple[Any, ...]]:
+    """One ledger's cancels and corrections of the day (AMENDMENT_SCHEMA's columns): few, so
+    one query of the driver, handed to Spark in memory (Spark's JDBC reader cost a schema
+    query and a Spark job: a 200,000-trade close's read step took 0.9-1.1 s with it, 0.5 s
+    without)."""
     with connect(settings.ledger_dsn(ledger)) as conn:
-        rows = conn.execute(f"select {', '.join(AMENDMENT_COLUMNS)} from trade_amendments "
+        return conn.execute(f"select {', '.join(AMENDMENT_COLUMNS)} from trade_amendments "
                             "where trade_date = %s", (dt.date.fromisoformat(trade_date),)
                             ).fetchall()
-    return local_frame(spark, rows, AMENDMENT_SCHEMA)
 
 
 def ledger_amendments(spark: SparkSession, settings: Settings, choice: SourceChoice,
-                      ledgers: tuple[str, ...], trade_date: str) -> DataFrame | None:
-    """The ledgers' cancels and corrections of the day (a union deduplicated), few: collected
-    once into a local frame. None when the chooser counted none in any of them and each was
-    complete then (its day no longer changes); a ledger it could not count, or that was still
-    filling, is read."""
+                      ledgers: tuple[str, ...], trade_date: str
+                      ) -> list[tuple[Any, ...]] | None:
+    """The ledgers' cancels and corrections of the day (a union deduplicated), few: their
+    rows (AMENDMENT_SCHEMA's columns), to be handed to Spark once as a local frame. None when
+    the chooser counted none in any of them and each was complete then (its day no longer
+    changes); a ledger it could not count, or that was still filling, is read."""
     states = [choice.states.get(n) for n in ledgers]
     if ledgers and all(st is not None and st.amendments == 0
                        and st.complete(choice.partitions or settings.partitions)
                        for st in states):
         return None
-    frames = [read_amendments(spark, settings, n, trade_date) for n in ledgers]
-    if len(frames) == 1:
-        return frames[0]
-    union = frames[0]
-    for more in frames[1:]:
-        union = union.unionByName(more)
-    return local_frame(spark, T.dedupe_amendments(union).collect(), AMENDMENT_SCHEMA)
+    rows = [amendment_rows(settings, n, trade_date) for n in ledgers]
+    if len(rows) == 1:
+        return rows[0]
+    union = local_frame(spark, rows[0], AMENDMENT_SCHEMA)
+    for more in rows[1:]:
+        union = union.unionByName(local_frame(spark, more, AMENDMENT_SCHEMA))
+    return [tuple(r) for r in T.dedupe_amendments(union).collect()]
 
 
 def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
@@ -476,7 +481,8 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
     frames = {name: (smallday.ledger_day(spark, settings, name, trade_date) if driver_read
                      else read_ledger(spark, settings, name, trade_date))
               for name in ledgers}
-    amendments = ledger_amendments(spark, settings, choice, ledgers, trade_date)
+    held = ledger_amendments(spark, settings, choice, ledgers, trade_date)
+    amendments = None if held is None else local_frame(spark, held, AMENDMENT_SCHEMA)
     closes: dict[int, int] = {}
     for name in ledgers:
         st = choice.states.get(name)

@@ -33,6 +33,7 @@ from settlement.eod.model import (
     rows_of,
 )
 from settlement.spark import transforms as T
+from settlement.spark.deferred import Picked
 from settlement.spark.figures import EXACT, SymbolSums, figures_and_symbols, symbol_columns
 from settlement.spark.io import DayRead
 from settlement.spark.session import local_frame
@@ -63,10 +64,11 @@ class AmendedTrades:
     states took 5.1-5.3 s of a cold 2M-trade close from the ledger, beside the netting.)"""
 
     def __init__(self, trades: DataFrame, states: list[tuple[object, ...]],
-                 sent: SymbolSums | None = None):
+                 sent: SymbolSums | None = None, picked: Picked | None = None):
         self._trades = trades
         self._states = states
         self._sent = sent
+        self._picked = picked
         self._taken: tuple[list[tuple[object, ...]], list[tuple[object, ...]]] | None = None
         self._lock = threading.Lock()
 
@@ -83,7 +85,12 @@ class AmendedTrades:
         with self._lock:
             if self._taken is None:
                 sent = self._sent if self._sent is not None else symbol_sums(self._trades)
-                amended = amended_trades(self._trades, self._states)
+                # Picked out by the read already (a Kafka day read by the JVM), unless some
+                # amended id was not looked for there.
+                amended = (self._picked.of({str(s[0]) for s in self._states})
+                           if self._picked is not None else None)
+                if amended is None:
+                    amended = amended_trades(self._trades, self._states)
                 self._taken = ([r[:-1] for r in amended],
                                settled_symbols(sent, amended, self._states))
             return self._taken
@@ -190,7 +197,7 @@ def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
     final = T.with_final_states(trades, states)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
     return DedupedDay(trades, final, amendments, n, n_raw, timings, per_partition,
-                      AmendedTrades(trades, states, read.symbol_sums))
+                      AmendedTrades(trades, states, read.symbol_sums, read.amended))
 
 
 def net_day(day: DedupedDay, read: DayRead, trade_date: str, source: str,

@@ -29,6 +29,7 @@ from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
 from settlement.spark.session import local_frame
 from settlement.spark.settle import AMENDED_SCHEMA, AmendedTrades
 from settlement.spark.transforms import final_states
+from settlement.validation.amendments import suspects as amendment_suspects
 from settlement.validation.run import Frame, ValidationOutcome, register_views, run_suites
 
 __all__ = ["DaySide", "ValidationOutcome", "validate_frames"]
@@ -69,6 +70,7 @@ def validate_frames(
     amendment_rows: list[Row] | None = None,
     amendment_figures: list[tuple[int, ...]] | None = None,
     other_amendments: DataFrame | None = None,
+    other_amendment_rows: list[tuple[Any, ...]] | None = None,
     amended_trades: Callable[[], list[tuple[Any, ...]]] | None = None,
     settled_symbols: Callable[[], list[tuple[Any, ...]]] | None = None,
     docs_in_background: bool = False,
@@ -95,7 +97,8 @@ def validate_frames(
     the caller holds them already (a close: 10,000 rows of the 2M-trade day, collected
     again here in 0.3-0.5 s), ``amendment_figures`` their figures when the read took them,
     ``other_amendments`` another copy's (the ledger's for a Kafka-sourced run, site B's for
-    a ledger-sourced one) to reconcile,
+    a ledger-sourced one) to reconcile, ``other_amendment_rows`` the same as the caller
+    holds them (None: collected here),
     ``amended_trades`` the settled day's trades they name (``settlement.spark.settle``'s
     AMENDED_SCHEMA rows) and ``settled_symbols`` the day's volume and notional per
     instrument in final states (SETTLED_SYMBOLS rows): both as the close shares them
@@ -173,6 +176,23 @@ def validate_frames(
     skip = dict(skip or {})
     if amendments is None or not any(r["amendments"] for r in part_rows):
         skip.setdefault("amendments_day", "no cancel or correction on this day")
+    checked_amendments = day_amendments
+    if amendments is not None:
+        # Only the amendments the suites could name go to them (``validation.amendments``):
+        # on a day where nothing is wrong, none.
+        t2 = time.perf_counter()
+        other_rows = other_amendment_rows
+        if other_rows is None and other_amendments is not None:
+            other_rows = other_amendments.collect()
+        ours, theirs = amendment_suspects(amendment_rows, amended, other_rows)
+        checked_amendments = local_frame(spark, [amendment_rows[i] for i in ours],
+                                         AMENDMENT_SCHEMA)
+        drill["amendments"] = {"settled": len(amendment_rows), "checked": len(ours)}
+        if other_rows is not None and theirs is not None:
+            other_amendments = local_frame(spark, [other_rows[i] for i in theirs],
+                                           AMENDMENT_SCHEMA)
+            drill["amendments"].update(other=len(other_rows), other_checked=len(theirs))
+        drill["amendments"]["seconds"] = round(time.perf_counter() - t2, 3)
     if other_amendments is not None:
         views["other_amendments"] = other_amendments
     else:
@@ -228,7 +248,7 @@ def validate_frames(
         skip.setdefault("reconcile_site_a_b", "not the separate scheme (one ledger)")
     register_views(spark, views)
     frames = {"as_read": as_read, "settlement_trades": settled_suspect,
-              "amendments": day_amendments,
+              "amendments": checked_amendments,
               "ledger_trades": ledger_rows, "ledger_b_trades": ledger_b_rows,
               "data_loss": data_loss, "positions": positions}
     outcome = run_suites(frames, skip, only, docs_in_background)

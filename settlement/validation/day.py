@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import DataFrame, Row, SparkSession
 
@@ -173,14 +174,14 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         others = plan.ledgers
     elif plan.sites and len(choice.ledgers) == 1:
         others = tuple(n for n in ("a", "b") if n not in choice.ledgers)
-    other_amendments = None
+    other_amendments: list[tuple[Any, ...]] | None = None
     if others:
         other_amendments = ledger_amendments(spark, settings, choice, others, trade_date)
         if other_amendments is None and read.amendments is None:
             skip["reconcile_amendments"] = ("neither copy of the day holds a cancel or a "
                                             "correction")
         elif other_amendments is None:
-            other_amendments = local_frame(spark, [], AMENDMENT_SCHEMA)
+            other_amendments = []
     if positions is None:
         skip["settlement_invariants"] = f"no positions stored for {trade_date}: run settle eod"
     return validate_frames(
@@ -198,7 +199,10 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         copies_agree_within_partitions=read.copies_agree,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
         amendments=read.amendments, amendment_rows=amendment_rows,
-        amendment_figures=read.amendment_figures, other_amendments=other_amendments,
+        amendment_figures=read.amendment_figures,
+        other_amendments=None if other_amendments is None else local_frame(
+            spark, other_amendments, AMENDMENT_SCHEMA),
+        other_amendment_rows=other_amendments,
         amended_trades=amended_trades, settled_symbols=settled_symbols,
         docs_in_background=docs_in_background,
     )
