@@ -91,14 +91,16 @@ class Picked:
     ``settlement.spark.settle.amended_trades``' rows for any set of ids within ``ids``."""
 
     ids: frozenset[str]
-    rows: list[tuple[Any, ...]]  # AMENDED_SCHEMA's columns, then the symbol
+    # AMENDED_SCHEMA's columns, then the symbol: a Spark job's, still running while the read
+    # goes on (its counting pass); the first to need them waits.
+    rows: Future[list[tuple[Any, ...]]]
 
     def of(self, wanted: set[str]) -> list[tuple[Any, ...]] | None:
         """The rows of the trades ``wanted`` names, sorted; None when some id was not
         looked for (then only a pass over the day can say)."""
         if not wanted <= self.ids:
             return None
-        return sorted(r for r in self.rows if r[0] in wanted)
+        return sorted(r for r in self.rows.result() if r[0] in wanted)
 
 
 @dataclass(frozen=True)
@@ -164,19 +166,19 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
         out = out.unionByName(decided)
     if workers:
         out = out.unionByName(python(sorted(workers)))
-    picked = picking.result() if picking is not None else None
     return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers),
-                    None if workers else _amendments(table), None if workers else picked)
+                    None if workers else _amendments(table), None if workers else picking)
 
 
 def _pick_named(verdicts: DataFrame, deferred: list[Message], trade_date: str | None
-                ) -> Future[Picked] | None:
+                ) -> Picked | None:
     """The kept trades of ``trade_date`` whose id a deferred amendment names as the JVM read
-    it, picked out of the cached verdicts by a Spark job of their own while the driver
-    decides the deferred messages (its Python leaves the JVM idle). The amendments' checks,
-    effects and the settled day's sums need those trades; picked after the read, they were a
-    scan of the day beside the netting (1.9-4.2 s of validation's thread on a realistic
-    2M-trade day from Kafka, 0.6-1.3 s alone)."""
+    it, picked out of the cached verdicts by a Spark job of their own, started while the
+    driver decides the deferred messages (its Python leaves the JVM idle) and left running
+    beside the read's counting pass. The amendments' checks, effects and the settled day's
+    sums need those trades; picked after the read, they were a scan of the day beside the
+    netting (1.9-4.2 s of validation's thread on a realistic 2M-trade day from Kafka, 0.6-1.3 s
+    alone)."""
     if trade_date is None:
         return None
     named = sorted({m.named for m in deferred
@@ -185,15 +187,15 @@ def _pick_named(verdicts: DataFrame, deferred: list[Message], trade_date: str | 
         return None
     ids = local_frame(verdicts.sparkSession, [(i,) for i in named], "trade_id string")
 
-    def pick() -> Picked:
+    def pick() -> list[tuple[Any, ...]]:
         got = verdicts.where(_KEPT_TRADES).where(
             F.col("trade_date") == F.lit(trade_date).cast("date")).join(
             F.broadcast(ids), "trade_id", "left_semi").select(*_AMENDED, "symbol").collect()
-        return Picked(frozenset(named), [tuple(r) for r in got])
+        return [tuple(r) for r in got]
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pick-amended")
     try:
-        return pool.submit(pick)
+        return Picked(frozenset(named), pool.submit(pick))
     finally:
         pool.shutdown(wait=False)
 
