@@ -767,6 +767,8 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
             positions.set_exception(e)
         raise
     run.timings["settle_seconds"] = round(time.perf_counter() - settle_t0, 3)
+    # Who picked out the trades the day's amendments name (None: the day has none).
+    run.summary["amended_trades_by"] = day.amended.taken_by
     lease.ensure_held()
     result = settled.result
     result.timings = {**run.timings, **result.timings}

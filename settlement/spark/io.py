@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -483,6 +484,8 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
               for name in ledgers}
     held = ledger_amendments(spark, settings, choice, ledgers, trade_date)
     amendments = None if held is None else local_frame(spark, held, AMENDMENT_SCHEMA)
+    picked = (ledger_amended(settings, choice, ledgers[0], trade_date, held)
+              if len(ledgers) == 1 and held else None)
     closes: dict[int, int] = {}
     for name in ledgers:
         st = choice.states.get(name)
@@ -501,4 +504,27 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
     # Kafka read's verdicts are (``persist_sized``).
     out = persist_sized(spark, out, choice.day_rows(), LEDGER_ROW_BYTES)
     return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames,
-                   amendments=amendments, read_by=by)
+                   amendments=amendments, read_by=by, amended=picked)
+
+
+def ledger_amended(settings: Settings, choice: SourceChoice, ledger: str, trade_date: str,
+                   amendments: list[tuple[Any, ...]]) -> Picked | None:
+    """The day's trades its amendments name, as the ledger holds them: one query of the
+    driver (the primary key's index, one probe a trade), instead of a pass over the day in
+    Spark beside the netting (1.7-2.4 s of validation's thread on a realistic 2M-trade day).
+    Only from a ledger the chooser found complete: its day no longer changes (late trades and
+    amendments are dead letters), so this query sees the rows the day's read saw, as the
+    amendments' own query (``amendment_rows``) does. None otherwise: the day is scanned."""
+    st = choice.states.get(ledger)
+    if st is None or not st.complete(choice.partitions or settings.partitions):
+        return None
+    at = AMENDMENT_COLUMNS.index("trade_id")
+    ids = sorted({r[at] for r in amendments if r[at] is not None})
+    with connect(settings.ledger_dsn(ledger)) as conn:
+        rows = conn.execute(
+            "select trade_id, kafka_partition, kafka_offset, trade_date, price, quantity, "
+            "symbol from trades where trade_date = %s and trade_id = any(%s)",
+            (dt.date.fromisoformat(trade_date), ids)).fetchall()
+    done: Future[list[tuple[Any, ...]]] = Future()
+    done.set_result([tuple(r) for r in rows])
+    return Picked(frozenset(ids), done)

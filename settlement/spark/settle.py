@@ -69,6 +69,8 @@ class AmendedTrades:
         self._states = states
         self._sent = sent
         self._picked = picked
+        # Where the amended trades came from, once taken: "the read" or "a scan of the day".
+        self.taken_by: str | None = None
         self._taken: tuple[list[tuple[object, ...]], list[tuple[object, ...]]] | None = None
         self._lock = threading.Lock()
 
@@ -89,8 +91,10 @@ class AmendedTrades:
                 # amended id was not looked for there.
                 amended = (self._picked.of({str(s[0]) for s in self._states})
                            if self._picked is not None else None)
+                self.taken_by = "the read"
                 if amended is None:
                     amended = amended_trades(self._trades, self._states)
+                    self.taken_by = "a scan of the day"
                 self._taken = ([r[:-1] for r in amended],
                                settled_symbols(sent, amended, self._states))
             return self._taken
