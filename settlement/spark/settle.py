@@ -87,8 +87,8 @@ class AmendedTrades:
         with self._lock:
             if self._taken is None:
                 sent = self._sent if self._sent is not None else symbol_sums(self._trades)
-                # Picked out by the read already (a Kafka day read by the JVM), unless some
-                # amended id was not looked for there.
+                # Picked out by the read already (a Kafka day the JVM read, a complete
+                # ledger's day), unless some amended id was not looked for there.
                 amended = (self._picked.of({str(s[0]) for s in self._states})
                            if self._picked is not None else None)
                 self.taken_by = "the read"

@@ -21,8 +21,7 @@ An amendment is left out only when
 Python's equality here implies Spark's: values are compared as the frames store them (an
 instant for a timestamp, whether the row came from Spark or from PostgreSQL), nulls are never
 taken to match where the query uses ``=``, and two equal Decimals stay equal in the suites'
-decimal type. Anything this module cannot vouch for
-is kept, so the suites decide it.
+decimal type. Anything this module cannot vouch for is kept, so the suites decide it.
 """
 
 from __future__ import annotations
