@@ -2,7 +2,7 @@
 
 ``amendments_day`` and ``reconcile_amendments`` are joins of small frames (a 2M-trade day has
 about 11,500 amendments), but each of their five queries is a Spark job planned and run while
-the close nets the day on the same two cores: 2.1-3.6 s of validation's thread on a realistic
+the close nets the day on the same two cores: 1.5-3.6 s of validation's thread on a realistic
 2M-trade day from Kafka. Most amendments cannot fail any of them, and which ones can is
 decided here, exactly, from rows the driver holds; the suites then run on the others only, as
 the trade suites run on the buckets whose checksums differ (``settlement.spark.figures``).
@@ -32,14 +32,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from settlement.contract import AMENDMENT_COLUMNS, CANCEL, CORRECT
+from settlement.validation.suites import AMENDMENT_FIELDS
 
 Rows = Sequence[Sequence[Any]]
 
 # AMENDMENT_SCHEMA's columns (AMENDMENT_COLUMNS' order) by name.
 _AT = {c: i for i, c in enumerate(AMENDMENT_COLUMNS)}
-# What reconcile_amendments compares between the copies (suites._AMENDMENT_FIELDS).
-COMPARED = ("trade_date", "seq", "kafka_partition", "reason", "symbol", "price", "quantity",
-            "buyer", "seller", "executed_at")
 
 
 def _identity(row: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -124,7 +122,8 @@ def _agreed(day: Rows, other: Rows) -> set[tuple[Any, ...]]:
 
     ours, theirs = once(day), once(other)
     return {k for k, r in ours.items() if k in theirs
-            and all(_as_stored(r[_AT[c]]) == _as_stored(theirs[k][_AT[c]]) for c in COMPARED)}
+            and all(_as_stored(r[_AT[c]]) == _as_stored(theirs[k][_AT[c]])
+                    for c in AMENDMENT_FIELDS)}
 
 
 def _as_stored(value: Any) -> Any:

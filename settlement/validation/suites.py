@@ -291,8 +291,9 @@ def invariants_suite() -> gx.ExpectationSuite:
     return _suite("settlement_invariants", suite)
 
 
-_AMENDMENT_FIELDS = ("trade_date", "seq", "kafka_partition", "reason", "symbol", "price",
-                     "quantity", "buyer", "seller", "executed_at")
+# What reconcile_amendments compares between the two copies of an amendment.
+AMENDMENT_FIELDS = ("trade_date", "seq", "kafka_partition", "reason", "symbol", "price",
+                    "quantity", "buyer", "seller", "executed_at")
 
 
 def amendments_suite() -> gx.ExpectationSuite:
@@ -330,7 +331,7 @@ def amendments_suite() -> gx.ExpectationSuite:
 def reconcile_amendments_suite() -> gx.ExpectationSuite:
     """The day's cancels and corrections against another copy of them (``other_amendments``:
     the ledger's when the day came from Kafka, site B's when it came from site A's ledger)."""
-    same = " and ".join(f"b.{c} <=> o.{c}" for c in _AMENDMENT_FIELDS)
+    same = " and ".join(f"b.{c} <=> o.{c}" for c in AMENDMENT_FIELDS)
     key = ("o.trade_id = b.trade_id and o.kind = b.kind "
            "and coalesce(o.version, 0) = coalesce(b.version, 0)")
     return _suite("reconcile_amendments", [
