@@ -9,6 +9,7 @@ pattern (a zero price let through) must make the parity check fail.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from settlement.spark.parse import (
     split_classified,
     stage,
 )
+from settlement.spark.readfacts import count_rows, decided_rows, facts_of, pass_facts
 from settlement.spark.schemas import AMENDMENT_SCHEMA
 from settlement.spark.session import local_frame
 from settlement.spark.settle import amended_trades
@@ -508,6 +510,43 @@ def test_the_trades_the_amendments_name_are_picked_as_a_pass_over_the_day_would(
         assert len(readable) >= 3
         scanned = amended_trades(day, [(i,) for i in sorted(readable)])
         assert got.picked.of(readable) == scanned and len(scanned) == len(readable)
+    finally:
+        verdicts.unpersist()
+
+
+def test_the_reads_facts_counted_beside_the_decision_are_one_pass_over_its_rows(
+        spark: SparkSession) -> None:  # noqa: F811
+    """While the driver decides the deferred messages, the JVM's standing rows are counted
+    (``resolve_deferred``'s ``beside``), and the decided rows are counted in Python
+    (``readfacts.decided_rows``): merged, the facts must be those of one pass over the
+    resolved rows, every field (dead letters, duplicates, close markers, late trades, other
+    dates, the day's figures and sums, the amendments' figures). Every kind of row but the
+    day's trades is also counted by ``decided_rows`` alone, against the pass; a decided
+    trade of the day cannot be counted there (None)."""
+    day = dt.date.fromisoformat(D1)
+    log = [m for m in dirty_log() if m[0] in (0, 1, 2)]
+    log += [(p, _t(100 * p + n, D2), TRADE_H) for p in (0, 1) for n in range(20, 23)]  # D2's
+    log += [(2, _t(250, "2026-11-22"), TRADE_H)]  # a trade of the day before
+    frame = stage(spark.createDataFrame(_rows(log), RAW_SCHEMA).coalesce(1))
+    verdicts = jvmclassify.classify_jvm(frame, MAX_BYTES).persist()
+    standing: list[DataFrame] = []
+    try:
+        got = resolve_deferred(verdicts, MAX_BYTES, lambda parts: spark.createDataFrame(
+            [], CLASSIFIED_SCHEMA), D1, standing.append)
+        assert not got.workers and len(standing) == 1 and got.decided is not None
+        whole = pass_facts(got.rows, day)
+        decided = decided_rows(got.decided, day)
+        assert decided is not None
+        assert facts_of([*count_rows(standing[0], day), *decided], day) == whole
+        assert whole.malformed >= 4 and whole.duplicates >= 2 and whole.closes
+        assert whole.amendment_figures and whole.figures and whole.symbol_sums
+        assert whole.other_dates >= 7 and whole.late == {"2026-11-22": {2: 1}}
+        kind = (F.col("reason").isNull() & (F.col("_kind") == C.TRADE)
+                & (F.col("trade_date") == F.lit(D1).cast("date")) & ~F.col("_dup"))
+        rest = decided_rows(got.rows.where(~kind).toArrow(), day)
+        assert rest is not None
+        assert facts_of([*count_rows(got.rows.where(kind), day), *rest], day) == whole
+        assert decided_rows(got.rows.where(kind).toArrow(), day) is None
     finally:
         verdicts.unpersist()
 

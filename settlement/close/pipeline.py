@@ -14,7 +14,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +39,7 @@ from settlement.instructions import planned, write_files, write_set_files
 from settlement.instructions.calendar import CalendarError, settlement_date
 from settlement.instructions.store import InstructionsError, InstructionSet, for_run
 from settlement.status import awaiting_reclose
+from settlement.threads import in_thread
 
 if TYPE_CHECKING:
     from settlement.report import PlannedReport
@@ -352,15 +353,6 @@ def _since_process_start() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return round(max(uptime - started, 0.0), 3)
-
-
-def _in_thread(name: str, fn: Callable[[], T]) -> Future[T]:
-    """``fn`` running in a thread of its own, its result (or error) in the future."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-    try:
-        return pool.submit(fn)
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _timed(timings: dict[str, float], step: str, fn: Callable[[], T]) -> T:
@@ -754,7 +746,7 @@ def _read_and_net(run: _Run, session: Future[Any], started: dict[str, float],
         # its single-task stages).
         lease.ensure_held()
         say("validating (Great Expectations) while netting")
-        run.validating = _in_thread("validation", lambda: _timed(
+        run.validating = in_thread("validation", lambda: _timed(
             run.validation_timings, "validate", lambda: validate_day(
                 settings, spark, trade_date, choice, read, day.trades, positions.result,
                 ahead, docs_in_background=True, amended_trades=day.amended.rows,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,7 @@ from consumers.parse import (
 from settlement.contract import AMENDMENTS, CLOSE, CLOSE_FIELDS, TRADE, TRADE_FIELDS
 from settlement.spark.session import local_frame
 from settlement.spark.worker import classify_arrow
+from settlement.threads import in_thread
 
 # What the first pass over the JVM's verdicts collects: the deferred messages, the partitions
 # given back, and the close markers the JVM kept (the stand-ins every deferred message may
@@ -119,6 +120,9 @@ class Resolved:
     # verdicts while the driver decided them; None: a partition was given back, or no date
     # was asked for.
     picked: Picked | None = None
+    # The decided messages' rows as they replaced the JVM's (Arrow, ``CLASSIFIED_SCHEMA``),
+    # when no partition was given back (None: none was deferred, or one was given back).
+    decided: pa.Table | None = None
 
     @property
     def read_by(self) -> str:
@@ -130,12 +134,17 @@ class Resolved:
 
 def resolve_deferred(verdicts: DataFrame, max_bytes: int,
                      python: Callable[[list[int]], DataFrame],
-                     trade_date: str | None = None) -> Resolved:
+                     trade_date: str | None = None,
+                     beside: Callable[[DataFrame], None] | None = None) -> Resolved:
     """``classify_jvm``'s verdicts (persisted: read more than once) as ``CLASSIFIED_SCHEMA``
     rows: the deferred messages decided by the Python classifier, and the partitions that
     must go back to the worker classified by ``python`` (their rows) instead. The first pass
     over ``verdicts`` is where the JVM reads Kafka. ``trade_date``: the kept trades of that
-    date the deferred amendments name are picked out meanwhile (``Resolved.picked``)."""
+    date the deferred amendments name are picked out meanwhile (``Resolved.picked``).
+    ``beside``: called with the JVM's standing rows (every message but the deferred ones)
+    when some are deferred and no partition is given back yet, before the driver decides
+    them, so a pass over those rows can run meanwhile; a partition given back after that
+    (``Resolved.workers``) makes what it learnt of no use."""
     marked = verdicts.where(_MARKED).select(
         "kafka_partition", "kafka_offset", "raw", "_type", "_fallback", "_deferred",
         "trade_id", "_ref_offset", F.col("_ref_date").cast("string"),
@@ -152,6 +161,8 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
         "_fallback", "_deferred", "_type", "_ref_offset", "_ref_date")
     decided: DataFrame | None = None
     table: pa.Table | None = None
+    if beside is not None and deferred and not workers:
+        beside(rows)  # before the pick: the first job submitted takes the task slots first
     picking = _pick_named(verdicts, deferred, trade_date) if not workers else None
     if deferred:
         table = _decide(verdicts, deferred, closes, max_bytes)
@@ -167,7 +178,8 @@ def resolve_deferred(verdicts: DataFrame, max_bytes: int,
     if workers:
         out = out.unionByName(python(sorted(workers)))
     return Resolved(out, sorted(workers), sum(1 for m in deferred if m.partition not in workers),
-                    None if workers else _amendments(table), None if workers else picking)
+                    None if workers else _amendments(table), None if workers else picking,
+                    None if workers else table)
 
 
 def _pick_named(verdicts: DataFrame, deferred: list[Message], trade_date: str | None
@@ -193,11 +205,7 @@ def _pick_named(verdicts: DataFrame, deferred: list[Message], trade_date: str | 
             F.broadcast(ids), "trade_id", "left_semi").select(*_AMENDED, "symbol").collect()
         return [tuple(r) for r in got]
 
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pick-amended")
-    try:
-        return Picked(frozenset(named), pool.submit(pick))
-    finally:
-        pool.shutdown(wait=False)
+    return Picked(frozenset(named), in_thread("pick-amended", pick))
 
 
 def _amendments(decided: pa.Table | None) -> list[tuple[Any, ...]]:

@@ -290,18 +290,25 @@ def _combined(a: list[int] | None, b: list[int]) -> list[int]:
     return [a[0] + b[0], min(a[1], b[1]), max(a[2], b[2]), a[3] + b[3], a[4] + b[4]]
 
 
-def seq_figures(seqs: list[tuple[int, int]]) -> list[tuple[int | None, ...]]:
+def seq_figures(seqs: list[tuple[int, int]],
+                rows: list[tuple[int, int]] | None = None) -> list[tuple[int | None, ...]]:
     """``figures(rows=False)`` of a few rows the driver holds, (kafka_partition, seq) each:
-    FIGURES_SCHEMA rows per bucket, the seq hashes taken as ``seq_hash`` takes them."""
+    FIGURES_SCHEMA rows per bucket, the seq hashes taken as ``seq_hash`` takes them.
+    ``rows``: each row's hash halves as well (the classifier's ``_row_hi``, ``_row_lo``),
+    summed as the Kafka read's pass sums them; without them the row hash sums are NULL."""
     if not seqs:
         return []
     h = spark_xxhash64(np.array([q for _, q in seqs], dtype=np.int64))
     his, los = (h >> np.int64(32)).tolist(), (h & np.int64(0xFFFFFFFF)).tolist()
     got: dict[Bucket, list[int]] = {}
-    for (p, q), hi, lo in zip(seqs, his, los, strict=True):
+    sums: dict[Bucket, list[int]] = {}
+    for i, ((p, q), hi, lo) in enumerate(zip(seqs, his, los, strict=True)):
         key = (int(p), q // BUCKET_SEQS)
         got[key] = _combined(got.get(key), [1, q, q, hi, lo])
-    return [(*k, *v, None, None) for k, v in sorted(got.items())]
+        if rows is not None:
+            held = sums.setdefault(key, [0, 0])
+            held[0], held[1] = held[0] + rows[i][0], held[1] + rows[i][1]
+    return [(*k, *v, *sums.get(k, (None, None))) for k, v in sorted(got.items())]
 
 
 def expected_seq_sums(lengths: set[int]) -> dict[int, tuple[int, int]]:

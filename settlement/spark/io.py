@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,23 +21,25 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.config import Settings, jaas_login
-from settlement.contract import AMENDMENT_COLUMNS, CLOSE, LEDGER_COLUMNS, TRADE
+from settlement.contract import AMENDMENT_COLUMNS, LEDGER_COLUMNS
 from settlement.db import LIBPQ_TIMEOUTS, connect, dsn_password
 from settlement.eod.model import SourceChoice
 from settlement.spark import jvmclassify, kafkaread, smallday
 from settlement.spark import parse as P
 from settlement.spark import transforms as T
 from settlement.spark.deferred import Picked, resolve_deferred
-from settlement.spark.figures import (
-    FIGURE_FIELDS,
-    FiguresBySymbol,
-    SymbolSums,
-    bucket_of,
-    figure_columns,
-    symbol_columns,
+from settlement.spark.figures import SymbolSums
+from settlement.spark.readfacts import (
+    Counted,
+    KafkaFacts,
+    count_rows,
+    decided_rows,
+    facts_of,
+    pass_facts,
 )
-from settlement.spark.schemas import AMENDMENT_SCHEMA, TRADE_SCHEMA
+from settlement.spark.schemas import AMENDMENT_SCHEMA
 from settlement.spark.session import is_small_day, local_frame, persist_sized
+from settlement.threads import in_thread
 
 # A cached verdict of a plain trade, uncompressed: 288 MiB for the 2M day's 2,000,006 rows
 # (measured with Spark's storage info, row hashes included), rounded up.
@@ -275,16 +277,35 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
                                     VERDICT_ROW_BYTES))
         return cached[-1]
 
+    day = dt.date.fromisoformat(trade_date)
+    counting: list[Future[list[Counted]]] = []
+
+    def count_beside(standing: DataFrame) -> None:
+        # The JVM's standing rows counted while the driver decides the deferred ones (0.8-1.4 s
+        # of Python with the JVM idle on a realistic 2M-trade day): the count was 2.6-8.7 s
+        # after it.
+        counting.append(in_thread("count-read", lambda: count_rows(standing, day)))
+
     try:  # its first pass is where Kafka is read
-        resolved = resolve_deferred(verdicts, settings.max_message_bytes, python, trade_date)
+        resolved = resolve_deferred(verdicts, settings.max_message_bytes, python, trade_date,
+                                    count_beside)
     except Exception as e:  # a Py4J or Spark error carrying the Java KafkaReadError
         error = kafkaread.worker_error(str(e))
         if error is None:
             raise
         raise error from None
+    # The decided rows counted here (a few thousand, in Python), merged with the JVM's count;
+    # None when the JVM's count is of no use (a partition given back) or cannot be merged.
+    decided = (decided_rows(resolved.decided, day)
+               if counting and resolved.decided is not None else None)
+
+    def merged() -> KafkaFacts:
+        return facts_of([*counting[0].result(), *(decided or [])], day)
+
     with _worker_errors():
         return _kafka_read(spark, resolved.rows, cached, trade_date, resolved.read_by,
-                           resolved.amendments, resolved.picked)
+                           resolved.amendments, resolved.picked,
+                           merged if decided is not None else None)
 
 
 def kafka_source(spark: SparkSession, settings: Settings,
@@ -319,20 +340,24 @@ def kafka_source(spark: SparkSession, settings: Settings,
 def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFrame],
                 trade_date: str, read_by: str = "spark",
                 amendment_rows: list[tuple[Any, ...]] | None = None,
-                picked: Picked | None = None) -> DayRead:
+                picked: Picked | None = None,
+                counted: Callable[[], KafkaFacts] | None = None) -> DayRead:
     """What a Kafka read hands the settlement, from its classified messages.
     ``amendment_rows``: the accepted amendments of every date when the read holds them
-    already (AMENDMENT_SCHEMA rows: the JVM read's, decided in the driver)."""
+    already (AMENDMENT_SCHEMA rows: the JVM read's, decided in the driver). ``counted``: the
+    read's facts when a pass is counting them already (waits for it); None: counted here."""
     day = dt.date.fromisoformat(trade_date)
-    facts = _kafka_facts(classified, day)
     parsed = P.split_classified(classified)
     # The day's cancels and corrections are few: collected once into a local frame (the
-    # settlement, validation and the report each read them); None when the counting pass
-    # found none (nothing scans the day for them, nothing applies them).
-    amendments = local_frame(
-        spark, [r for r in amendment_rows if r[1] == day] if amendment_rows is not None
-        else _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA
-    ) if facts.amendment_figures else None
+    # settlement, validation and the report each read them); None when there are none
+    # (nothing scans the day for them, nothing applies them). Rows the read holds already
+    # are made a frame before waiting for the count, which may still be running.
+    held = None if amendment_rows is None else [r for r in amendment_rows if r[1] == day]
+    amendments = local_frame(spark, held, AMENDMENT_SCHEMA) if held else None
+    facts = counted() if counted is not None else pass_facts(classified, day)
+    if held is None and facts.amendment_figures:  # the counting pass found some
+        amendments = local_frame(
+            spark, _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA)
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified, *staged], late=facts.late, deduplicated=True,
@@ -341,73 +366,6 @@ def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFra
         other_dates=facts.other_dates,
         amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by,
         amended=picked)
-
-
-@dataclass
-class _KafkaFacts:
-    malformed: int
-    closes: dict[int, int]
-    late: dict[str, dict[int, int]]
-    duplicates: int
-    per_partition: dict[int, int]  # the day's first copies
-    figures: list[tuple[int, ...]]  # their FIGURES_SCHEMA rows
-    symbol_sums: SymbolSums = field(default_factory=list)  # theirs per instrument
-    other_dates: int = 0  # valid trades of any other date in the range
-    # the day's accepted cancels and corrections, FIGURES_SCHEMA rows (their seqs count)
-    amendment_figures: list[tuple[int, ...]] = field(default_factory=list)
-
-
-def _kafka_facts(classified: DataFrame, trade_date: dt.date) -> _KafkaFacts:
-    """What the read learnt, counted in one pass over the cached verdicts: the day's trades
-    per partition, dead letters, close markers, repeated copies, trades of other dates. Each
-    task reduces its rows to a few counts, so the pass costs a scan, not a shuffle."""
-    day = F.lit(trade_date)
-    valid, kind = F.col("reason").isNull(), F.col("_kind")
-    what = (F.when(~valid, F.lit("malformed"))
-            .when(kind == CLOSE, F.lit("close"))
-            .when(F.col("trade_date") != day, F.lit("other_date"))
-            .when(F.col("_dup"), F.lit("dup"))
-            .when(kind != TRADE, F.lit("amend"))
-            .otherwise(F.lit("day")))
-    # The settled day's figures (validation's checksums, by bucket) in the same pass; the
-    # day's amendments' too (their seqs count in the close markers).
-    is_day = F.col("what").isin("day", "amend")
-    rows = (classified
-            .select(what.alias("what"),
-                    F.coalesce(F.col("trade_date"), F.col("_close_date")).alias("d"),
-                    "kafka_partition", "_last_seq", "_row_hi", "_row_lo",
-                    *TRADE_SCHEMA.fieldNames())
-            .groupBy("what", "d", "kafka_partition",
-                     F.when(is_day, bucket_of(F.col("seq"))).alias("bucket"),
-                     F.when(F.col("what") == "day", F.col("symbol")).alias("symbol"))
-            .agg(F.count(F.lit(1)).alias("n"), F.max("_last_seq").alias("last_seq"),
-                 *figure_columns(is_day, (F.col("_row_hi"), F.col("_row_lo"))),
-                 *symbol_columns(F.col("what") == "day"))
-            .collect())
-    facts = _KafkaFacts(0, {}, {}, 0, {}, [])
-    day_rows = FiguresBySymbol()
-    for r in rows:
-        if r["what"] == "amend":
-            facts.amendment_figures.append(
-                (int(r["kafka_partition"]), *(int(r[c]) for c in FIGURE_FIELDS)))
-        elif r["what"] == "day":
-            p = int(r["kafka_partition"])
-            facts.per_partition[p] = facts.per_partition.get(p, 0) + int(r["n"])
-            day_rows.add(p, r, r["symbol"])
-        elif r["what"] == "malformed":
-            facts.malformed += int(r["n"])
-        elif r["what"] == "dup":
-            facts.duplicates += int(r["n"])
-        elif r["what"] == "close" and r["d"] == trade_date:
-            facts.closes[int(r["kafka_partition"])] = int(r["last_seq"])
-        elif r["what"] == "other_date":
-            facts.other_dates += int(r["n"])
-        if r["what"] == "other_date" and r["d"] < trade_date:
-            # Trades of earlier dates in the day's range: late trades of those days.
-            late = facts.late.setdefault(r["d"].isoformat(), {})
-            late[int(r["kafka_partition"])] = int(r["n"])
-    facts.figures, facts.symbol_sums = day_rows.figures(), day_rows.symbols()
-    return facts
 
 
 def read_ledger(spark: SparkSession, settings: Settings, ledger: str, trade_date: str,

@@ -15,7 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pyarrow as pa
@@ -38,6 +38,7 @@ from settlement.spark.jvm import (
 )
 from settlement.spark.jvmclassify import classifier_jar
 from settlement.spark.package import python_files
+from settlement.threads import in_thread
 
 # A version segment: digits and dots (1.2.0, 2.13.15, 4.1.118.Final, 33.4.0-jre's 33.4.0).
 # "0-10_2.13" in spark-sql-kafka-0-10_2.13 is part of the artifact name, not a version.
@@ -297,7 +298,6 @@ def start_session(settings: Settings, app_name: str = "settlement",
     engine's classes loaded ahead of the read) and starting the Python workers ahead of the
     Kafka read. Each took the read 2-5 s shorter but cost the start more than that: on two
     cores nothing else was left to overlap them with."""
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spark-start")
     out = {} if timings is None else timings
 
     def started() -> SparkSession:
@@ -306,10 +306,7 @@ def start_session(settings: Settings, app_name: str = "settlement",
         out["jvm_start_seconds"] = round(time.perf_counter() - t0, 3)
         return spark
 
-    try:
-        return pool.submit(started)
-    finally:
-        pool.shutdown(wait=False)
+    return in_thread("spark-start", started)
 
 
 _COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
