@@ -281,9 +281,9 @@ def _jvm_read(spark: SparkSession, settings: Settings, ranges: dict[int, tuple[i
     counting: list[Future[list[Counted]]] = []
 
     def count_beside(standing: DataFrame) -> None:
-        # The JVM's standing rows counted while the driver decides the deferred ones (0.8-1.4 s
-        # of Python with the JVM idle on a realistic 2M-trade day): the count was 2.6-8.7 s
-        # after it.
+        # The JVM's standing rows counted while the driver decides the deferred ones (2.5-4.3 s
+        # of the driver's Python on a realistic 2M-trade day, the JVM idle but for the pick):
+        # the count ran after it, 6.7-8.7 s (docs/benchmarks-history.md, 2026-12-01).
         counting.append(in_thread("count-read", lambda: count_rows(standing, day)))
 
     try:  # its first pass is where Kafka is read

@@ -98,7 +98,8 @@ def facts_of(rows: list[Counted], trade_date: dt.date) -> KafkaFacts:
         elif what == "dup":
             facts.duplicates += int(r["n"])
         elif what == "close" and r["d"] == trade_date:
-            facts.closes[p] = max(facts.closes.get(p, int(r["last_seq"])), int(r["last_seq"]))
+            seq = int(r["last_seq"])
+            facts.closes[p] = max(facts.closes.get(p, seq), seq)
         elif what == "other_date":
             facts.other_dates += int(r["n"])
             if r["d"] < trade_date:
@@ -135,7 +136,8 @@ def decided_rows(decided: pa.Table, trade_date: dt.date) -> list[Counted] | None
                                             "n": 0, "last_seq": None})
         got["n"] += 1
         if r["_last_seq"] is not None:
-            got["last_seq"] = max(r["_last_seq"], got["last_seq"] or r["_last_seq"])
+            held = got["last_seq"]
+            got["last_seq"] = r["_last_seq"] if held is None else max(held, r["_last_seq"])
     amended = [{"what": "amend", "kafka_partition": f[0], "n": f[2],
                 **dict(zip(FIGURE_FIELDS, f[1:], strict=True))}
                for f in seq_figures(seqs, hashes)]
