@@ -5,11 +5,13 @@ order they can be deleted and put back in. The drill itself runs on the stack
 from __future__ import annotations
 
 import re
+import subprocess
 from datetime import UTC, date
 from pathlib import Path
 
 import pytest
 
+from settlement.errors import ServiceError
 from settlement.stack import backup
 
 SCHEMA = (Path(__file__).resolve().parent.parent / "sql" / "schema.sql").read_text()
@@ -89,3 +91,34 @@ def test_a_restore_target_needs_a_time_and_its_zone() -> None:
         backup.parse_target("2026-11-30 02:58:27")
     with pytest.raises(ValueError, match="is not a time"):
         backup.parse_target("yesterday")
+
+
+def test_a_lock_another_pgbackrest_holds_is_waited_for_and_any_other_failure_is_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At `stack up` the primary's archive-push may hold the stanza's lock for a moment
+    (pgBackRest's exit 50): stanza-create and check run again until it is free, within
+    ``LOCK_WAIT_S``; another failure is raised at once, with pgBackRest's words."""
+    answers: list[tuple[int, str]] = []
+    calls: list[tuple[str, ...]] = []
+
+    def run(stack: object, *argv: str, **_: object) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        code, out = answers.pop(0)
+        return subprocess.CompletedProcess(argv, code, out, f"ERROR: [{code:03d}]: boom")
+
+    monkeypatch.setattr(backup, "_exec", run)
+    monkeypatch.setattr(backup.time, "sleep", lambda s: None)
+    answers[:] = [(backup.LOCK_HELD, ""), (backup.LOCK_HELD, ""), (0, "created")]
+    assert backup._while_locked(None, "stanza-create") == "created"  # type: ignore[arg-type]
+    assert len(calls) == 3 and calls[-1][-1] == "stanza-create"
+    calls.clear()
+    answers[:] = [(28, ""), (0, "never asked")]
+    with pytest.raises(ServiceError, match=r"exit 28\)[\s\S]*\[028\]"):
+        backup._while_locked(None, "check")  # type: ignore[arg-type]
+    assert len(calls) == 1
+    calls.clear()
+    monkeypatch.setattr(backup, "LOCK_WAIT_S", 0)
+    answers[:] = [(backup.LOCK_HELD, ""), (0, "never asked")]
+    with pytest.raises(ServiceError, match="exit 50"):
+        backup._while_locked(None, "check")  # type: ignore[arg-type]
+    assert len(calls) == 1

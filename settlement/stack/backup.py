@@ -78,14 +78,41 @@ def _exec(stack: Stack, *argv: str, timeout: float = 1800, check: bool = True,
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
                           cwd=stack.root)
     if check and proc.returncode != 0:
-        tail = (proc.stderr + proc.stdout).strip().splitlines()[-12:]
-        raise ServiceError(f"{' '.join(argv[:4])} in the backup service failed "
-                           f"(exit {proc.returncode}):\n" + "\n".join(tail))
+        raise _failed(argv, proc)
     return proc
+
+
+def _failed(argv: tuple[str, ...], proc: subprocess.CompletedProcess[str]) -> ServiceError:
+    tail = (proc.stderr + proc.stdout).strip().splitlines()[-12:]
+    return ServiceError(f"{' '.join(argv[:4])} in the backup service failed "
+                        f"(exit {proc.returncode}):\n" + "\n".join(tail))
 
 
 def pgbackrest(stack: Stack, *args: str, timeout: float = 1800) -> str:
     return _exec(stack, "pgbackrest", f"--stanza={STANZA}", *args, timeout=timeout).stdout
+
+
+# pgBackRest's exit code when another of its processes holds the lock it needs.
+LOCK_HELD = 50
+# How long a command waits for such a lock: at `stack up` the new primary's archive_command
+# (an archive-push to this repository) may hold the stanza's archive lock for a moment, and
+# stanza-create then failed a fresh clone's `make test` (2026-12-01) where it had passed before.
+LOCK_WAIT_S = 60
+
+
+def _while_locked(stack: Stack, command: str) -> str:
+    """``pgbackrest`` ``command``, run again while another pgBackRest process holds its lock
+    (exit 50), for at most ``LOCK_WAIT_S``; any other failure, or the lock still held then,
+    is raised as ``pgbackrest`` raises it."""
+    argv = ("pgbackrest", f"--stanza={STANZA}", command)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    proc = _exec(stack, *argv, timeout=300, check=False)
+    while proc.returncode == LOCK_HELD and time.monotonic() < deadline:
+        time.sleep(2)
+        proc = _exec(stack, *argv, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise _failed(argv, proc)
+    return proc.stdout
 
 
 def ensure_stanza(stack: Stack, log: Log) -> dict[str, Any]:
@@ -93,8 +120,8 @@ def ensure_stanza(stack: Stack, log: Log) -> dict[str, Any]:
     checked end to end: `check` switches the primary to a new segment and waits for it to
     reach the repository."""
     t0 = time.monotonic()
-    pgbackrest(stack, "stanza-create", timeout=300)
-    pgbackrest(stack, "check", timeout=300)
+    _while_locked(stack, "stanza-create")
+    _while_locked(stack, "check")
     log(f"backups: stanza {STANZA} ready at the witness, WAL archiving checked "
         f"({time.monotonic() - t0:.1f} s)")
     return {"backup_stanza": STANZA, "wal_archiving": True}
