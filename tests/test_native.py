@@ -413,6 +413,14 @@ def dirty_log() -> list[Message]:
         (0, _t(8), b"fix"),  # an unknown type
         # A cancel naming its trade with an escape: the JVM misreads the id, the parser's counts.
         (0, _cancel(8, 16).replace(b'"T000008"', b'"T00000\\u0038"'), CANCEL_H),
+        # Amendments the parser refuses though their JSON names a kept trade (the driver reads
+        # that name unchecked): no reason field; a repeated key, the JVM reading the first
+        # id and the parser the last. The amendments after them see the state unchanged.
+        (0, _cancel(5, 17).replace(b',"reason":"bust"', b""), CANCEL_H),
+        (0, _correct(5, 18, 2), CORRECT_H),
+        (0, _cancel(3, 19).replace(b'"trade_id":"T000003"',
+                                   b'"trade_id":"T000006","trade_id":"T000003"'), CANCEL_H),
+        (0, _cancel(3, 20), CANCEL_H),
         (1, _m(D1, 1, 8), CLOSE_H),
         (1, _cancel(101, 9), CANCEL_H),  # after the close: held, then covered
         (1, _correct(102, 10, 2), CORRECT_H),  # held, then covered
@@ -460,6 +468,8 @@ def test_dirty_partitions_are_kept_by_the_jvm_with_the_python_verdicts(
     assert by[1, 15]["reason"].startswith("late")
     assert by[4, 9]["reason"].startswith("late")
     assert by[0, 26]["reason"] is None and by[0, 26]["_kind"] == C.CANCEL  # the escaped id
+    assert "missing field 'reason'" in by[0, 27]["reason"] and by[0, 28]["reason"] is None
+    assert "duplicate key" in by[0, 29]["reason"] and by[0, 30]["reason"] is None
 
 
 def test_the_decided_amendments_are_the_days_when_no_partition_is_given_back(

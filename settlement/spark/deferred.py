@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
@@ -45,7 +46,6 @@ from pyspark.sql import functions as F
 
 from consumers.parse import (
     Malformed,
-    amendment,
     close_marker,
     decode,
     fast_trade_values,
@@ -229,16 +229,28 @@ def _kind(kind: bytes | None) -> str | None:
 def _named(m: Message, max_bytes: int) -> tuple[str, bool] | None:
     """The trade id the message names as the Python parser reads it, and whether it is an
     amendment; None when the message fails the contract whatever came before it (or is a
-    close marker, whose stand-ins are the kept markers)."""
+    close marker, whose stand-ins are the kept markers).
+
+    An amendment's id is its JSON's ``trade_id`` as orjson reads it, unchecked: a value the
+    parser accepts is orjson's object and names that id (``consumers.parse.decode`` and
+    ``amendment``); one it refuses is a dead letter whatever the state, and the stand-in its
+    reading adds is the partition's true state (a kept trade's offset and date, or its kept
+    copy), so no verdict changes. The whole check ran again in the classifier: 0.5 s of the
+    driver's Python on a realistic 2M-trade day's 11,577 amendments, warm."""
     kind = _kind(m.kind)
-    try:
-        if kind == TRADE:
+    if kind in AMENDMENTS:
+        try:
+            obj = orjson.loads(m.value) if m.value is not None else None
+        except orjson.JSONDecodeError:
+            return None
+        tid = obj.get("trade_id") if type(obj) is dict else None
+        return (tid, True) if type(tid) is str else None
+    if kind == TRADE:
+        try:
             t = fast_trade_values(m.value, max_bytes) or trade_values(decode(m.value, max_bytes))
-            return t[0], False
-        if kind in AMENDMENTS:
-            return amendment(decode(m.value, max_bytes), kind).trade_id, True
-    except Malformed:
-        return None
+        except Malformed:
+            return None
+        return t[0], False
     return None
 
 
@@ -289,10 +301,10 @@ def _decide(verdicts: DataFrame, deferred: list[Message], closes: list[tuple[int
 def _placeholder(trade_id: str, trade_date: str | None) -> bytes:
     """A stand-in for a trade kept by the JVM, carrying what an amendment is checked against
     (its id, its date, that it was kept there); its other values are any the contract takes."""
-    return json.dumps({"trade_id": trade_id, "trade_date": trade_date, "seq": 1,
-                       "symbol": "S", "price": "1", "quantity": 1, "buyer": "B",
-                       "seller": "S", "executed_at": f"{trade_date}T00:00:00Z"},
-                      separators=(",", ":")).encode()
+    # orjson: one per deferred amendment, 0.25 s of json.dumps on the 2M day's, warm.
+    return orjson.dumps({"trade_id": trade_id, "trade_date": trade_date, "seq": 1,
+                         "symbol": "S", "price": "1", "quantity": 1, "buyer": "B",
+                         "seller": "S", "executed_at": f"{trade_date}T00:00:00Z"})
 
 
 def _trade_text(values: tuple[Any, ...]) -> bytes:

@@ -105,8 +105,11 @@ def compose_binary(cache: Path, log: Log) -> list[str]:
         run([go, "mod", "init", "composebuild"], cwd=work)
     # `go install pkg@version` refuses this module (its go.mod has exclude directives).
     run([go, "get", f"github.com/docker/compose/v2/cmd@{COMPOSE_VERSION}"], cwd=work, timeout=900)
+    # A guard against a hang, not a budget: `make test` builds this at the lowest priority
+    # beside the test suite, where on two busy cores a fresh machine's compile took more than
+    # 900 s, and a build killed there is compiled again in the stack phase.
     run([go, "build", "-o", str(binary), "github.com/docker/compose/v2/cmd"], cwd=work,
-        timeout=900)
+        timeout=3600)
     return [str(binary)]
 
 
