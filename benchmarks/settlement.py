@@ -5,7 +5,8 @@
         [--classifier jvm,workers] [--rounds R] [--mix clean,realistic]
 
 For each mix and size: publish the day to a private topic, ingest it with one site into a
-private ledger, then time in the same run. The mix (--mix, default realistic) is the day's
+private ledger, then time in the same run (with both mixes, both days first, then their closes
+alternated day by day). The mix (--mix, default realistic) is the day's
 messages: `realistic` carries what the demo's exchange sends (1% replays, 0.1% malformed,
 10% of transactions aborted and sent again, 0.2% of trades busted and 0.3% corrected, a
 quarter of those twice); `clean` only the trades, once each.
@@ -46,6 +47,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -255,11 +257,21 @@ def targets(results: list[dict[str, Any]], growth: dict[str, float] | None
     return out
 
 
-def one_size(spark: SparkSession | None, base: Settings, n: int,
-             modes: set[str], native: set[str], jvm: set[str],
-             own_read: set[str], classifier: set[str] = frozenset({"jvm"}),
-             rounds: int = 1, mix: str = "realistic") -> dict[str, Any]:
+@dataclass
+class Day:
+    """A day published to a private topic and ingested into a private ledger: what its
+    closes run against (``settings``, ``env``) and its figures so far (``out``)."""
+
+    settings: Settings
+    env: dict[str, str]
+    out: dict[str, Any]
+
+
+def prepare(base: Settings, n: int, mix: str) -> Day:
+    """The day of ``n`` trades in ``mix`` published, ingested by site A, and its `GROUP BY`
+    timed (the baseline). The caller drops its namespace (``drop_namespace``)."""
     s, env = namespace(base)
+    day = Day(s, env, {"trades": n, "mix": mix})
     try:
         print(f"[{n} {mix}] publishing...", file=sys.stderr, flush=True)
         sim = simulate(s, SimulationSpec(DATE, n, seed=1, txn_size=5_000, **MIXES[mix]))
@@ -267,8 +279,7 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
         Site(s, SiteOptions("a", "separate", True, DATE, 3600)).run()
         sent = ("duplicates_injected", "malformed_injected", "aborted_transactions", "cancels",
                 "corrections")
-        out: dict[str, Any] = {"trades": n, "mix": mix,
-                               "messages": {k: sim.get(k) for k in sent}}
+        day.out["messages"] = {k: sim.get(k) for k in sent}
         with connect(s.ledger_dsn("a")) as conn:
             # Twice, the faster counts: the first read of freshly ingested rows also sets
             # their hint bits (writes), which no later reader pays.
@@ -278,68 +289,109 @@ def one_size(spark: SparkSession | None, base: Settings, n: int,
                 rows = conn.execute(SQL_NETTING, {"d": DATE}).fetchall()
                 runs.append(time.perf_counter() - t0)
             secs = min(runs)
-        out["sql_group_by"] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
-                               "positions": len(rows)}
-        if "process" in modes:
-            # The Kafka close with the native classifier of plain trades
-            # (SETTLE_NATIVE_TRADES=true) and without it (the default), one after the other
-            # on the same day.
-            # And with the close's JVM as it was before issue 44's class archive and small-day
-            # settings (--jvm off: key suffix _jvm_off), for a comparison in the same run.
-            # And the day read by Spark's readers rather than the close's own (--own-read
-            # off: key suffix _spark_read).
-            runs = []
-            for jvm_mode, read_mode in ((j, r) for j in sorted(jvm, reverse=True)  # on first
-                                        for r in sorted(own_read, reverse=True)):
-                jsuffix, jenv = ("", {}) if jvm_mode == "on" else ("_jvm_off", JVM_OFF)
-                if read_mode == "off":
-                    jsuffix += "_spark_read"
-                    jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false",
-                            "SETTLE_SPARK_KAFKA_WORKER_READ": "false"}
-                runs += [(f"process_kafka{suffix}{csuffix}{jsuffix}", "kafka",
-                          {"SETTLE_NATIVE_TRADES": flag, **jenv, **cenv})
-                         for flag, suffix, on in (("true", "_native", "on"),
-                                                  ("false", "", "off")) if on in native
-                         for c, csuffix, cenv in (
-                             ("jvm", "", {}),
-                             ("workers", "_workers", {"SETTLE_SPARK_JVM_CLASSIFIER": "false"}))
-                         if c in classifier and (c == "jvm" or flag == "false")]
-                runs.append((f"process_db{jsuffix}", "db", jenv))
-            runs = [(key + (f"_r{r}" if r > 1 else ""), source, extra)
-                    for r in range(1, rounds + 1) for key, source, extra in runs]
-            for key, source, extra in runs:
-                print(f"[{n}] settle eod --source {source} {extra} (a process)...",
-                      file=sys.stderr, flush=True)
-                out[key] = cold_close({**env, **extra}, source, n,
-                                      out["sql_group_by"]["seconds"])
-            print(f"[{n}] the plain PySpark job (a process)...", file=sys.stderr, flush=True)
-            out["process_plain_spark"] = plain_job(s, n, out["sql_group_by"]["seconds"])
-            out["process_db_vs_plain_spark"] = round(
-                out["process_db"]["seconds"] / out["process_plain_spark"]["seconds"], 2)
-        if spark is None:
-            return out
-        for source, validate in (("kafka", False), ("db", False), ("kafka", True),
-                                 ("db", True)):
-            key = f"eod_{source}" if validate else source
-            print(f"[{n}] {key}...", file=sys.stderr, flush=True)
-            group = f"{key}-{n}"
-            spark.sparkContext.setJobGroup(group, f"benchmark {key} {n}")
-            t0 = time.perf_counter()
-            res = run_eod(s, DATE, source=source, validate=validate)
-            secs = time.perf_counter() - t0
-            assert res["trades"] == n, res
-            assert not validate or res["validation_success"], res.get("validation")
-            out[key] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
-                        "vs_group_by": round(secs / out["sql_group_by"]["seconds"], 2),
-                        "timings": res["timings"], **spark_work(spark, group)}
-            if validate:
-                val = res["validation"]
-                out[key]["validation_suites_seconds"] = val.get("seconds")
-                out[key]["validation_figures"] = val.get("figures")
-        out["driver_peak_rss_mib"] = driver_peak_rss_mib(spark)
-        return out
-    finally:
+        day.out["sql_group_by"] = {"seconds": round(secs, 2),
+                                   "trades_per_second": round(n / secs), "positions": len(rows)}
+    except BaseException:
         drop_namespace(s)
+        raise
+    return day
+
+
+def process_runs(native: set[str], jvm: set[str], own_read: set[str], classifier: set[str],
+                 rounds: int) -> list[tuple[str, str, dict[str, str]]]:
+    """The process closes to time, in order: (key, source, extra environment).
+    The Kafka close with the native classifier of plain trades (SETTLE_NATIVE_TRADES=true)
+    and without it (the default), one after the other on the same day. And with the close's
+    JVM as it was before issue 44's class archive and small-day settings (--jvm off: key
+    suffix _jvm_off), for a comparison in the same run. And the day read by Spark's readers
+    rather than the close's own (--own-read off: key suffix _spark_read)."""
+    runs: list[tuple[str, str, dict[str, str]]] = []
+    for jvm_mode, read_mode in ((j, r) for j in sorted(jvm, reverse=True)  # on first
+                                for r in sorted(own_read, reverse=True)):
+        jsuffix, jenv = ("", {}) if jvm_mode == "on" else ("_jvm_off", JVM_OFF)
+        if read_mode == "off":
+            jsuffix += "_spark_read"
+            jenv = {**jenv, "SETTLE_SPARK_SMALL_DAY_DRIVER_READ": "false",
+                    "SETTLE_SPARK_KAFKA_WORKER_READ": "false"}
+        runs += [(f"process_kafka{suffix}{csuffix}{jsuffix}", "kafka",
+                  {"SETTLE_NATIVE_TRADES": flag, **jenv, **cenv})
+                 for flag, suffix, on in (("true", "_native", "on"),
+                                          ("false", "", "off")) if on in native
+                 for c, csuffix, cenv in (
+                     ("jvm", "", {}),
+                     ("workers", "_workers", {"SETTLE_SPARK_JVM_CLASSIFIER": "false"}))
+                 if c in classifier and (c == "jvm" or flag == "false")]
+        runs.append((f"process_db{jsuffix}", "db", jenv))
+    return [(key + (f"_r{r}" if r > 1 else ""), source, extra)
+            for r in range(1, rounds + 1) for key, source, extra in runs]
+
+
+def timed_close(day: Day, key: str, source: str, extra: dict[str, str]) -> None:
+    n = day.out["trades"]
+    print(f"[{n} {day.out['mix']}] settle eod --source {source} {extra} (a process)...",
+          file=sys.stderr, flush=True)
+    day.out[key] = cold_close({**day.env, **extra}, source, n,
+                              day.out["sql_group_by"]["seconds"])
+
+
+def plain_beside(day: Day) -> None:
+    n = day.out["trades"]
+    print(f"[{n} {day.out['mix']}] the plain PySpark job (a process)...", file=sys.stderr,
+          flush=True)
+    day.out["process_plain_spark"] = plain_job(day.settings, n,
+                                               day.out["sql_group_by"]["seconds"])
+    day.out["process_db_vs_plain_spark"] = round(
+        day.out["process_db"]["seconds"] / day.out["process_plain_spark"]["seconds"], 2)
+
+
+def warm_runs(spark: SparkSession, day: Day) -> None:
+    """settle-only and end-of-day runs in this process's started session."""
+    s, out, n = day.settings, day.out, day.out["trades"]
+    for source, validate in (("kafka", False), ("db", False), ("kafka", True),
+                             ("db", True)):
+        key = f"eod_{source}" if validate else source
+        print(f"[{n}] {key}...", file=sys.stderr, flush=True)
+        group = f"{key}-{n}-{out['mix']}"
+        spark.sparkContext.setJobGroup(group, f"benchmark {key} {n}")
+        t0 = time.perf_counter()
+        res = run_eod(s, DATE, source=source, validate=validate)
+        secs = time.perf_counter() - t0
+        assert res["trades"] == n, res
+        assert not validate or res["validation_success"], res.get("validation")
+        out[key] = {"seconds": round(secs, 2), "trades_per_second": round(n / secs),
+                    "vs_group_by": round(secs / out["sql_group_by"]["seconds"], 2),
+                    "timings": res["timings"], **spark_work(spark, group)}
+        if validate:
+            val = res["validation"]
+            out[key]["validation_suites_seconds"] = val.get("seconds")
+            out[key]["validation_figures"] = val.get("figures")
+    out["driver_peak_rss_mib"] = driver_peak_rss_mib(spark)
+
+
+def one_size(spark: SparkSession | None, base: Settings, n: int, mixes: list[str],
+             modes: set[str], runs: list[tuple[str, str, dict[str, str]]]
+             ) -> list[dict[str, Any]]:
+    """Every mix's day of ``n`` trades prepared first, then each process close run on each
+    day in turn (clean, realistic, clean, ...): this machine's speed drifts within a run
+    (the plain job at 2M took 15.8 s in one run's first half, 20.3 s in its second), and a
+    day's closes are compared with the other day's. Then the plain jobs, then the warm runs."""
+    days: list[Day] = []
+    try:
+        for mix in mixes:
+            days.append(prepare(base, n, mix))
+        if "process" in modes:
+            for key, source, extra in runs:
+                for day in days:
+                    timed_close(day, key, source, extra)
+            for day in days:
+                plain_beside(day)
+        if spark is not None:
+            for day in days:
+                warm_runs(spark, day)
+        return [day.out for day in days]
+    finally:
+        for day in days:
+            drop_namespace(day.settings)
 
 
 def main() -> None:
@@ -369,7 +421,7 @@ def main() -> None:
                     help="the process closes this many times, alternated")
     ap.add_argument("--mix", default="realistic",
                     help="clean, realistic or clean,realistic: the day's messages (see above); "
-                         "both: each size twice, clean first, in the same run")
+                         "both: each size's two days ingested, then their closes alternated")
     args = ap.parse_args()
 
     def on_off(option: str, value: str) -> set[str]:
@@ -402,11 +454,8 @@ def main() -> None:
         if "warm" in modes:
             spark = build_session(base, "settlement-benchmark")
             spark.range(1000).selectExpr("sum(id)").collect()  # JVM and session warm-up
-        # Both mixes of a size one after the other: this machine's speed drifts over half an
-        # hour (the plain job at 2M took 15.8 s in a run's clean half, 20.3 s in its
-        # realistic half), and the realistic day is compared with the clean one.
-        results = [one_size(spark, base, n, modes, native, jvm, own_read, classifier,
-                            args.rounds, mix) for n in sizes for mix in mixes]
+        runs = process_runs(native, jvm, own_read, classifier, args.rounds)
+        results = [out for n in sizes for out in one_size(spark, base, n, mixes, modes, runs)]
     finally:
         if started.get("kafka") == "started" or started.get("postgres") == "started":
             services.down(base)
