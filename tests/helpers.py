@@ -47,6 +47,20 @@ def start_site(site: str, scheme: str, env: dict[str, str], date: str,
                              max_seconds=240)
 
 
+def sites_until_close(env: dict[str, str], day: str, tmp: Path,
+                      sites: tuple[str, ...] | list[str] = ("a", "b"),
+                      scheme: str = "separate") -> dict[str, dict[str, Any]]:
+    """Each site ingesting until ``day``'s close, all at once (as both sites run in
+    production; one after the other the suite paid each site's start in turn). Each site's
+    JSON summary, asserted closed."""
+    logs = {site: tmp / f"{site}-{day}.log" for site in sites}
+    procs = {site: start_site(site, scheme, env, day, log) for site, log in logs.items()}
+    outs = {site: wait_exit(procs[site], logs[site]) for site in sites}
+    for site, out in outs.items():
+        assert out["closed"], (site, out)
+    return outs
+
+
 def wait_exit(proc: subprocess.Popen[str], log: Path, timeout: float = 240) -> dict[str, Any]:
     """The site's JSON summary; fails (with the log's tail) unless it exited 0 in time."""
     return runner.wait(proc, "site", log, timeout)
@@ -90,10 +104,7 @@ def ingest_day(env: dict[str, str], tmp: Path, date: str, sites: list[str], sche
     """Publish a faulty day and run the given sites until close; returns the gateway JSON."""
     sim = settle(["simulate", "--date", date, "--trades", str(trades), "--seed", str(seed),
                   "--dup-rate", "0.02", "--bad-rate", "0.005", "--abort-rate", "0.3"], env)
-    procs = [(start_site(s, scheme, env, date, tmp / f"{s}.log"), tmp / f"{s}.log")
-             for s in sites]
-    for proc, log in procs:
-        assert wait_exit(proc, log)["closed"]
+    sites_until_close(env, date, tmp, sites, scheme)
     return sim
 
 

@@ -34,7 +34,7 @@ from settlement.simulator.gateway import (
 )
 from settlement.spark.parse import CLASSIFIED_SCHEMA, classify_kafka_values, split_classified
 from tests.conftest import Isolated
-from tests.helpers import positions_table, reference_positions, start_site, wait_exit
+from tests.helpers import positions_table, reference_positions, sites_until_close
 from tests.spark_fixtures import spark  # noqa: F401
 from tests.test_ledger import DATE, Builder, _ledger, _rows, _trade, _write
 
@@ -171,10 +171,7 @@ def test_busts_and_corrections_net_the_same_from_kafka_and_both_ledgers(
     sim = simulate(s, E2E)
     assert sim["cancels"] > 20 and sim["corrections"] > 20, sim
     events = list(DayGenerator(E2E, 6).events())
-    for site in ("a", "b"):
-        log = tmp_path / f"{site}.log"
-        out = wait_exit(start_site(site, "separate", isolated.env, E2E_DATE, log), log)
-        assert out["closed"], out
+    sites_until_close(isolated.env, E2E_DATE, tmp_path)
     with connect(s.ledger_dsn("a")) as conn:
         stored = conn.execute("select kind, count(*) from trade_amendments group by kind "
                               "order by kind").fetchall()

@@ -45,19 +45,13 @@ from settlement.simulator.gateway import (
 )
 from settlement.status import awaiting_reclose
 from tests.conftest import Isolated
-from tests.helpers import positions_table, start_site, wait_exit
+from tests.helpers import positions_table, sites_until_close
 from tests.spark_fixtures import spark  # noqa: F401
 
 DAY, NEXT = "2026-11-23", "2026-11-24"
 SPEC = SimulationSpec(DAY, 1200, seed=45, cancel_rate=0.01, correct_rate=0.01)
 NEXT_SPEC = SimulationSpec(NEXT, 300, seed=46)
 Positions = dict[tuple[str, str], tuple[Any, ...]]
-
-
-def _sites_until_close(iso: Isolated, day: str, tmp: Path) -> None:
-    for site in ("a", "b"):
-        log = tmp / f"{site}-{day}.log"
-        assert wait_exit(start_site(site, "separate", iso.env, day, log), log)["closed"]
 
 
 def _last_seqs(s: Settings, day: str) -> dict[int, int]:
@@ -123,14 +117,14 @@ def amended_day(isolated: Isolated, tmp_path: Path) -> dict[str, Any]:
     both sites while they ingest NEXT."""
     s = isolated.settings
     simulate(s, SPEC)
-    _sites_until_close(isolated, DAY, tmp_path)
+    sites_until_close(isolated.env, DAY, tmp_path)
     first = run_eod(s, DAY, source="kafka")
     assert first["published"] and first["version"] == 1, first
     events = list(DayGenerator(SPEC, 6).events())
     covered, uncovered = _busts(events, _last_seqs(s, DAY))
     _send_after_close(s, covered, uncovered)
     simulate(s, NEXT_SPEC)
-    _sites_until_close(isolated, NEXT, tmp_path)
+    sites_until_close(isolated.env, NEXT, tmp_path)
     return {"events": events, "covered": covered, "uncovered": uncovered,
             "v1": positions_table(s.settlement_dsn, DAY), "run1": first["run_id"]}
 
