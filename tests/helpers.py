@@ -55,7 +55,12 @@ def sites_until_close(env: dict[str, str], day: str, tmp: Path,
     JSON summary, asserted closed."""
     logs = {site: tmp / f"{site}-{day}.log" for site in sites}
     procs = {site: start_site(site, scheme, env, day, log) for site, log in logs.items()}
-    outs = {site: wait_exit(procs[site], logs[site]) for site in sites}
+    try:
+        outs = {site: wait_exit(procs[site], logs[site]) for site in sites}
+    finally:  # one site failed: the others are not left ingesting into the next test
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
     for site, out in outs.items():
         assert out["closed"], (site, out)
     return outs
