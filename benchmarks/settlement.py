@@ -25,7 +25,9 @@ quarter of those twice); `clean` only the trades, once each.
           alternated (keys of later rounds end _r2, _r3...)
   process_plain_spark - benchmarks/plain_spark_job.py as a process, cold: the plain PySpark
           job a team would write instead (JDBC read of the date, net per account and
-          symbol, JDBC write), beside the close from the ledger (`process_db_vs_plain_spark`)
+          symbol, JDBC write), run right after each round's close from the ledger on the
+          same day (`process_db_vs_plain_spark`; later rounds' keys end _r2, _r3...; with
+          --rounds also `process_db_vs_plain_spark_best_of_rounds`)
   kafka - settlement only, `run_eod(source="kafka", validate=False)` (bounded read_committed
           Kafka read, parse and check, dedupe, positions, obligations, instrument summary,
           staged results), Spark local[2]
@@ -43,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -205,6 +208,9 @@ def process_targets(results: list[dict[str, Any]]) -> dict[str, Any]:
         if r["trades"] >= 200_000 and "process_db_vs_plain_spark" in r:  # issue 61's
             out[f"{m}_{r['trades']}_db_le_1_3x_plain_spark"] = (
                 r["process_db_vs_plain_spark"] <= 1.3)
+            if "process_db_vs_plain_spark_best_of_rounds" in r:
+                out[f"{m}_{r['trades']}_db_le_1_3x_plain_spark_best_of_rounds"] = (
+                    r["process_db_vs_plain_spark_best_of_rounds"] <= 1.3)
         if r["trades"] >= 10_000_000:
             out[f"{m}_10m_kafka_le_60s"] = k["seconds"] <= 60
             out[f"{m}_10m_db_le_40s"] = d["seconds"] <= 40
@@ -334,14 +340,23 @@ def timed_close(day: Day, key: str, source: str, extra: dict[str, str]) -> None:
                               day.out["sql_group_by"]["seconds"])
 
 
-def plain_beside(day: Day) -> None:
+def plain_beside(day: Day, suffix: str) -> None:
+    """The plain job on ``day`` right after its ledger close of the same round (``suffix``:
+    the round's key suffix, "" for the first): the ratio compares two processes a minute
+    apart, where this machine's speed drifts by 1.5x within an hour (the plain job at 2M
+    took 19.6-39.4 s across runs of the same code)."""
     n = day.out["trades"]
     print(f"[{n} {day.out['mix']}] the plain PySpark job (a process)...", file=sys.stderr,
           flush=True)
-    day.out["process_plain_spark"] = plain_job(day.settings, n,
-                                               day.out["sql_group_by"]["seconds"])
-    day.out["process_db_vs_plain_spark"] = round(
-        day.out["process_db"]["seconds"] / day.out["process_plain_spark"]["seconds"], 2)
+    day.out[f"process_plain_spark{suffix}"] = plain = plain_job(
+        day.settings, n, day.out["sql_group_by"]["seconds"])
+    day.out[f"process_db_vs_plain_spark{suffix}"] = round(
+        day.out[f"process_db{suffix}"]["seconds"] / plain["seconds"], 2)
+    rounds = [k for k in day.out if re.fullmatch(r"process_db_vs_plain_spark(_r\d+)?", k)]
+    if len(rounds) > 1:  # each side's fastest round, as mix_targets takes the Kafka closes'
+        best = [min(day.out[k.replace("process_db_vs_plain_spark", key)]["seconds"]
+                    for k in rounds) for key in ("process_db", "process_plain_spark")]
+        day.out["process_db_vs_plain_spark_best_of_rounds"] = round(best[0] / best[1], 2)
 
 
 def warm_runs(spark: SparkSession, day: Day) -> None:
@@ -374,7 +389,8 @@ def one_size(spark: SparkSession | None, base: Settings, n: int, mixes: list[str
     """Every mix's day of ``n`` trades prepared first, then each process close run on each
     day in turn (clean, realistic, clean, ...): this machine's speed drifts within a run
     (the plain job at 2M took 15.8 s in one run's first half, 20.3 s in its second), and a
-    day's closes are compared with the other day's. Then the plain jobs, then the warm runs."""
+    day's closes are compared with the other day's; the plain job runs right after each
+    round's ledger close of the same day. Then the warm runs."""
     days: list[Day] = []
     try:
         for mix in mixes:
@@ -383,8 +399,9 @@ def one_size(spark: SparkSession | None, base: Settings, n: int, mixes: list[str
             for key, source, extra in runs:
                 for day in days:
                     timed_close(day, key, source, extra)
-            for day in days:
-                plain_beside(day)
+                    plain = re.fullmatch(r"process_db(_r\d+)?", key)
+                    if plain:  # the plain job beside this round's ledger close, same day
+                        plain_beside(day, plain.group(1) or "")
         if spark is not None:
             for day in days:
                 warm_runs(spark, day)
