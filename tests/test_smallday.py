@@ -99,7 +99,7 @@ def _facts(read: Any) -> dict[str, Any]:
         "malformed": read.malformed, "closes": read.close_markers,
         "late": read.late, "duplicates": read.duplicates,
         "per_partition": read.per_partition, "figures": sorted(read.figures or []),
-        "other_dates": read.other_dates, "amendments": _rows(read.amendments),
+        "other_dates": read.other_dates, "amendments": _rows(read.amendments()),
         "amendment_figures": sorted(read.amendment_figures or []),
         "deduplicated": read.deduplicated, "unique_ids": read.unique_ids,
         "ledgers": {k: _rows(v) for k, v in read.ledgers.items()},

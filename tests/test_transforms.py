@@ -36,7 +36,13 @@ from settlement.spark.figures import (
     seq_hash,
     spark_xxhash64,
 )
-from settlement.spark.session import artifact_name, local_frame, persist_sized, spark_jars
+from settlement.spark.session import (
+    artifact_name,
+    as_collected,
+    local_frame,
+    persist_sized,
+    spark_jars,
+)
 from settlement.spark.settle import net
 from tests import spark_fixtures
 
@@ -557,6 +563,34 @@ def test_a_local_frame_holds_the_rows_exactly_as_create_dataframe_would(
     # Money is never rounded on the way in: a fifth decimal does not fit decimal(18,4).
     with pytest.raises(pa.ArrowInvalid, match="(?i)decimal|precision|scale"):
         local_frame(spark, [(Decimal("1.23456"),)], "price decimal(18,4)").collect()
+
+
+def test_rows_held_by_the_driver_are_what_their_local_frame_collects(
+        spark: SparkSession) -> None:
+    """A read's amendments go to the settlement as rows (``as_collected``), to validation as
+    their frame: both must hold the same values, or an amendment's effect in the report
+    would differ with its path (a timestamp's zone, a price's scale)."""
+    day = dt.date(2026, 11, 24)
+    at = dt.datetime(2026, 11, 24, 14, 30, 0, 123456)
+
+    def amendment(i: int, price: object, executed: object) -> tuple[object, ...]:
+        return (f"T{i}", day, 10 + i, i % 3, 100 + i, "correct" if i % 2 else "cancel", i,
+                None if i % 2 else "bust", "XAU", price, 5 + i, "ACC1", "ACC2", executed)
+
+    rows = [amendment(1, Decimal("12.34"), at), amendment(2, None, None),
+            amendment(3, Decimal("0.0001"), at.replace(tzinfo=dt.UTC)),
+            amendment(4, 7, at.replace(tzinfo=dt.timezone(dt.timedelta(hours=-5)))),
+            amendment(5, Decimal("99999999999999.9999"), at.replace(microsecond=0))]
+    held = as_collected(rows, S.AMENDMENT_SCHEMA)
+    collected = local_frame(spark, rows, S.AMENDMENT_SCHEMA).collect()
+    assert held == collected
+    assert [r.asDict() for r in held] == [r.asDict() for r in collected]  # names too
+    assert [str(r["price"]) for r in held] == [str(r["price"]) for r in collected]  # scales
+    assert as_collected([], S.AMENDMENT_SCHEMA) == []
+    # Money that a frame refuses is refused here too, never rounded.
+    for bad in (Decimal("1.23456"), Decimal("1e20"), Decimal("NaN"), 1.5):
+        with pytest.raises(ValueError, match=r"does not fit decimal\(18,4\)"):
+            as_collected([amendment(1, bad, at)], S.AMENDMENT_SCHEMA)
 
 
 

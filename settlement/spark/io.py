@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Any
 
 import psycopg
 from pyspark.errors import PythonException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from settlement.config import Settings, jaas_login
@@ -38,7 +39,7 @@ from settlement.spark.readfacts import (
     pass_facts,
 )
 from settlement.spark.schemas import AMENDMENT_SCHEMA
-from settlement.spark.session import is_small_day, local_frame, persist_sized
+from settlement.spark.session import as_collected, is_small_day, local_frame, persist_sized
 from settlement.threads import in_thread
 
 # A cached verdict of a plain trade, uncompressed: 288 MiB for the 2M day's 2,000,006 rows
@@ -145,9 +146,10 @@ class DayRead:
     # across partitions; and how many valid trades of other dates the range held.
     copies_agree: bool = False
     other_dates: int = 0
-    # The day's accepted cancels and corrections (AMENDMENT_SCHEMA, each once), which the
-    # settlement applies to ``trades``; Kafka: their figures per bucket (seq coverage).
-    amendments: DataFrame | None = None
+    # The day's accepted cancels and corrections (AMENDMENT_SCHEMA, each once, as a collect
+    # gives them: ``session.as_collected``), which the settlement applies to ``trades``;
+    # None when there are none. Kafka: their figures per bucket (seq coverage).
+    amendment_rows: list[Row] | None = None
     amendment_figures: list[tuple[int, ...]] | None = None
     # Who read the day: "spark" (its Kafka or JDBC reader), "driver" (a small day,
     # settlement.spark.smallday) or "workers" (a Kafka day read by the tasks' Python
@@ -156,6 +158,19 @@ class DayRead:
     # The day's trades its amendments name, when the read picked them out already (the JVM
     # read's, while the driver decided its deferred messages).
     amended: Picked | None = None
+    _amendments: DataFrame | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def amendments(self) -> DataFrame | None:
+        """``amendment_rows`` as a frame (validation's queries), built on first use: the
+        settlement takes the rows, so nothing waits for the frame before the netting."""
+        if self.amendment_rows is None:
+            return None
+        with self._lock:
+            if self._amendments is None:
+                self._amendments = local_frame(self.trades.sparkSession, self.amendment_rows,
+                                               AMENDMENT_SCHEMA)
+            return self._amendments
 
     def release(self) -> None:
         for df in self.cached:
@@ -348,23 +363,21 @@ def _kafka_read(spark: SparkSession, classified: DataFrame, staged: list[DataFra
     read's facts when a pass is counting them already (waits for it); None: counted here."""
     day = dt.date.fromisoformat(trade_date)
     parsed = P.split_classified(classified)
-    # The day's cancels and corrections are few: collected once into a local frame (the
-    # settlement, validation and the report each read them); None when there are none
-    # (nothing scans the day for them, nothing applies them). Rows the read holds already
-    # are made a frame before waiting for the count, which may still be running.
+    # The day's cancels and corrections are few: held by the driver (the settlement,
+    # validation and the report each read them); None when there are none (nothing scans
+    # the day for them, nothing applies them).
     held = None if amendment_rows is None else [r for r in amendment_rows if r[1] == day]
-    amendments = local_frame(spark, held, AMENDMENT_SCHEMA) if held else None
+    amendments = as_collected(held, AMENDMENT_SCHEMA) if held else None
     facts = counted() if counted is not None else pass_facts(classified, day)
     if held is None and facts.amendment_figures:  # the counting pass found some
-        amendments = local_frame(
-            spark, _on_date(parsed.amendments, trade_date).collect(), AMENDMENT_SCHEMA)
+        amendments = _on_date(parsed.amendments, trade_date).collect()
     return DayRead(
         _on_date(P.first_copies(classified), trade_date), facts.malformed, facts.closes,
         parsed.trades, cached=[classified, *staged], late=facts.late, deduplicated=True,
         duplicates=facts.duplicates, per_partition=facts.per_partition,
         figures=facts.figures, symbol_sums=facts.symbol_sums, copies_agree=True,
         other_dates=facts.other_dates,
-        amendments=amendments, amendment_figures=facts.amendment_figures, read_by=read_by,
+        amendment_rows=amendments, amendment_figures=facts.amendment_figures, read_by=read_by,
         amended=picked)
 
 
@@ -441,7 +454,7 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
                      else read_ledger(spark, settings, name, trade_date))
               for name in ledgers}
     held = ledger_amendments(spark, settings, choice, ledgers, trade_date)
-    amendments = None if held is None else local_frame(spark, held, AMENDMENT_SCHEMA)
+    amendments = None if held is None else as_collected(held, AMENDMENT_SCHEMA)
     picked = (ledger_amended(settings, choice, ledgers[0], trade_date, held)
               if len(ledgers) == 1 and held else None)
     closes: dict[int, int] = {}
@@ -457,12 +470,12 @@ def read_db(spark: SparkSession, settings: Settings, choice: SourceChoice,
     if len(parts) > 1:  # only a union can hold a trade twice; dedupe then reads it twice
         out = out.persist()
         return DayRead(out, 0, closes, out, cached=[out], unique_ids=False, ledgers=frames,
-                       amendments=amendments, read_by=by)
+                       amendment_rows=amendments, read_by=by)
     # Cached for the settlement (``dedupe_day`` fills it), uncompressed when it fits, as a
     # Kafka read's verdicts are (``persist_sized``).
     out = persist_sized(spark, out, choice.day_rows(), LEDGER_ROW_BYTES)
     return DayRead(out, 0, closes, out, unique_ids=True, ledgers=frames,
-                   amendments=amendments, read_by=by, amended=picked)
+                   amendment_rows=amendments, read_by=by, amended=picked)
 
 
 def ledger_amended(settings: Settings, choice: SourceChoice, ledger: str, trade_date: str,

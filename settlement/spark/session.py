@@ -14,8 +14,9 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from decimal import Context, Decimal, Inexact, InvalidOperation
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +24,9 @@ from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    Row,
     StructType,
     TimestampType,
     _parse_datatype_string,
@@ -374,3 +378,41 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[object]],
             values = tuple(_utc(v) for v in values)
         arrays.append(pa.array(values, type=field.type))
     return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=arrow), struct)
+
+
+def as_collected(rows: Iterable[Sequence[object]], schema: StructType | str) -> list[Row]:
+    """Rows the driver holds, as ``local_frame(spark, rows, schema).collect()`` hands them
+    back, without the frame or its job: what a reader holds already (a day's amendments)
+    goes straight to the settlement, and the frame is built only where a query needs it.
+    The values as a collect gives them: a timestamp as the machine's naive local time (an
+    aware one's instant, a naive one as is), a decimal at its column's scale (refused when
+    it does not fit, as ``local_frame`` refuses it). On a realistic 2M-trade day this was
+    the frame of 11,577 amendments and its collect: 1.3 s before the netting could start."""
+    struct = schema if isinstance(schema, StructType) else _parse_datatype_string(schema)
+    make = Row(*struct.names)
+    convert = [_as_collected(f.dataType) for f in struct.fields]
+    return [make(*(v if v is None else c(v) for c, v in zip(convert, r, strict=True)))
+            for r in rows]
+
+
+def _as_collected(kind: DataType) -> Callable[[object], object]:
+    if isinstance(kind, TimestampType):
+        # pyspark's own conversions, both ways: the frame's and the collect's
+        return lambda v: kind.fromInternal(kind.toInternal(v))
+    if isinstance(kind, DecimalType):
+        # Quantized to the scale within the precision: a digit lost or one too many traps.
+        exact = Context(prec=kind.precision, traps=[Inexact, InvalidOperation])
+        unit = Decimal(1).scaleb(-kind.scale)
+
+        def fit(v: object) -> object:
+            try:  # money comes as a Decimal or an int, never a float
+                if isinstance(v, Decimal | int) and not isinstance(v, bool):
+                    q = Decimal(v).quantize(unit, context=exact)
+                    if q.is_finite():
+                        return q
+            except ArithmeticError:
+                pass
+            raise ValueError(f"{v!r} does not fit decimal({kind.precision},{kind.scale}) "
+                             "exactly")
+        return fit
+    return lambda v: v

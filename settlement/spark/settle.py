@@ -196,7 +196,7 @@ def dedupe_day(read: DayRead, row_sums: bool = False) -> DedupedDay:
     t1 = time.perf_counter()
     # Busts and corrections: what a clearing house settles is each trade's final state
     # (lazily: validation starts on it at once; their effects are taken while it runs).
-    amendments = amendments_in_order(read.amendments)
+    amendments = amendments_in_order(read.amendment_rows)
     states = T.final_states(amendments)
     final = T.with_final_states(trades, states)
     timings["amendments_seconds"] = round(time.perf_counter() - t1, 3)
@@ -263,12 +263,12 @@ def settle_day(read: DayRead, trade_date: str, source: str) -> SettledDay:
     return net_day(dedupe_day(read), read, trade_date, source)
 
 
-def amendments_in_order(amendments: DataFrame | None) -> list[Row]:
-    """The day's cancels and corrections (few, held by the driver already: the readers
-    collect them), in log order per trade. Sorted here: an orderBy is a Spark job."""
+def amendments_in_order(amendments: list[Row] | None) -> list[Row]:
+    """The day's cancels and corrections (few, held by the driver: ``DayRead``'s
+    ``amendment_rows``), in log order per trade."""
     if amendments is None:
         return []
-    return sorted(amendments.collect(),
+    return sorted(amendments,
                   key=lambda r: (r["trade_id"], r["kafka_partition"], r["kafka_offset"]))
 
 

@@ -138,7 +138,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     ``positions`` as a function: called when the invariants' suite runs, the last (a close
     nets the day while the suites before it run).
     ``docs_in_background``: ``run_suites``'; ``amended_trades``, ``settled_symbols``,
-    ``amendment_rows`` (``read.amendments`` collected): ``validate_frames``'."""
+    ``amendment_rows`` (``read.amendment_rows`` in log order; None: as the read holds
+    them): ``validate_frames``'."""
     skip: dict[str, str] = {}
     sides: dict[str, DataFrame | DaySide] = {}
 
@@ -177,7 +178,7 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
     other_amendments: list[tuple[Any, ...]] | None = None
     if others:
         other_amendments = ledger_amendments(spark, settings, choice, others, trade_date)
-        if other_amendments is None and read.amendments is None:
+        if other_amendments is None and read.amendment_rows is None:
             skip["reconcile_amendments"] = ("neither copy of the day holds a cancel or a "
                                             "correction")
         elif other_amendments is None:
@@ -198,7 +199,8 @@ def validate_day(settings: Settings, spark: SparkSession, trade_date: str,
         settled_figures=read.figures if trades is read.trades else None,
         copies_agree_within_partitions=read.copies_agree,
         as_read_only_the_day=read.copies_agree and read.other_dates == 0,
-        amendments=read.amendments, amendment_rows=amendment_rows,
+        amendments=read.amendments(),
+        amendment_rows=read.amendment_rows if amendment_rows is None else amendment_rows,
         amendment_figures=read.amendment_figures,
         other_amendments=None if other_amendments is None else local_frame(
             spark, other_amendments, AMENDMENT_SCHEMA),
