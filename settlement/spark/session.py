@@ -349,6 +349,9 @@ def persist_sized(spark: SparkSession, df: DataFrame, rows: int, row_bytes: int)
             spark.conf.set(_COMPRESSED, before)
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def _utc(value: object) -> object:
     """A timestamp as ``createDataFrame`` reads one: a naive datetime is the machine's local
     time (as ``collect()`` hands it back), an aware one is exact."""
@@ -397,8 +400,9 @@ def as_collected(rows: Iterable[Sequence[object]], schema: StructType | str) -> 
 
 def _as_collected(kind: DataType) -> Callable[[object], object]:
     if isinstance(kind, TimestampType):
-        # pyspark's own conversions, both ways: the frame's and the collect's
-        return lambda v: kind.fromInternal(kind.toInternal(v))
+        # The instant ``local_frame`` hands Arrow (``_utc``), as microseconds since the
+        # epoch, then pyspark's own conversion of a collected one.
+        return lambda v: kind.fromInternal((_utc(v) - _EPOCH) // dt.timedelta(microseconds=1))
     if isinstance(kind, DecimalType):
         # Quantized to the scale within the precision: a digit lost or one too many traps.
         exact = Context(prec=kind.precision, traps=[Inexact, InvalidOperation])
