@@ -71,10 +71,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import great_expectations as gx
-import great_expectations.expectations as gxe
-from great_expectations.constants import MAX_RESULT_RECORDS
-from great_expectations.core.result_format import ResultFormat
+from settlement.validation.gximport import defer_unused
+
+defer_unused()  # before GX's first import: SciPy's statistics and Altair are not loaded
+
+import great_expectations as gx  # noqa: E402
+import great_expectations.expectations as gxe  # noqa: E402
+from great_expectations.constants import MAX_RESULT_RECORDS  # noqa: E402
+from great_expectations.core.result_format import ResultFormat  # noqa: E402
 
 # What a replayed copy of a trade must repeat (its offset is the copy's own).
 TRADE_IDENTITY = ("trade_date", "seq", "kafka_partition", "symbol", "price", "quantity",
