@@ -604,10 +604,11 @@ def _begin(settings: Settings, trade_date: str, lease: Lease, source: str,
                     lambda: with_reason(choose_source(settings, trade_date, source), reason))
     # The JVM and the Spark session start in a thread of their own: the JVM is another
     # process, so it starts on the other core while this thread imports validation (Great
-    # Expectations: about 4 s of CPU), makes the GX project ready and records the run; a
-    # cold close paid them one after the other. When a ledger's close markers gave the day's
-    # size, it started beside the choice (``_EarlySession``); else it starts now, after the
-    # choice: a date no source holds is said at once, with no JVM starting behind the error.
+    # Expectations: about 3 s of CPU, ``validation.gximport``), makes the GX project ready
+    # and records the run; a cold close paid them one after the other. When a ledger's
+    # close markers gave the day's size, it started beside the choice (``_EarlySession``);
+    # else it starts now, after the choice: a date no source holds is said at once, with no
+    # JVM starting behind the error.
     # The session's own start-up is timed in its thread; what the close still waits for is
     # ``session_seconds``.
     session = early.session() if early is not None else None
@@ -694,8 +695,8 @@ class _EarlySession:
 
 
 def _import_close_modules() -> None:
-    """What a close imports beyond the CLI: validation (Great Expectations: about 4 s of
-    CPU), Spark's steps, the report."""
+    """What a close imports beyond the CLI: validation (Great Expectations: about 3 s of
+    CPU, 4 s before ``validation.gximport``), Spark's steps, the report."""
     import settlement.report
     import settlement.spark.io
     import settlement.spark.settle
