@@ -2,8 +2,8 @@
 
 ``import great_expectations`` imports every expectation GX ships. Two of them load SciPy's
 statistics at import time (the KL-divergence and Kolmogorov-Smirnov expectations), and one
-loads Altair (their charts). That is 0.7-1.0 s of the 2.0-2.9 s the import costs on this
-machine, paid by every close and by every ``settle`` process that validates, on the same
+loads Altair (their charts). That was 0.8-1.2 s of the 2.8-3.4 s of CPU the import took on
+this machine, paid by every close and by every ``settle`` process that validates, on the same
 two cores as the Spark JVM starting beside it. Our suites are SQL checks
 (``UnexpectedRowsExpectation``) and use neither module.
 
