@@ -25,7 +25,8 @@ import types
 # Imported by GX's statistical expectations at import time, used only when one runs.
 UNUSED = ("scipy.stats", "altair")
 
-_load_lock = threading.Lock()
+# Re-entrant: the import of one deferred module may read another's stand-in.
+_load_lock = threading.RLock()
 
 
 class OnFirstUse(types.ModuleType):
